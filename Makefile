@@ -1,0 +1,57 @@
+# The course's commands. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Parts for `make assignment`, a fork for `make colab`, the notebooks for `make notebooks`.
+PARTS  ?= 1
+OUT    ?= assignment
+NB     ?=
+# Tests run on both cores; every notebook keeps to one worker so its cells run in order.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
+.DEFAULT_GOAL := help
+.PHONY: help setup lab test test-fast notebooks assignment grade bench doctor colab syllabus clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install the course with its dependencies
+
+lab: setup ## open JupyterLab on the notebooks
+	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: setup ## run every test: unit tests, all notebooks (nbval) and the exercise checks
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
+
+test-fast: setup ## only the unit tests of course/
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+notebooks: setup ## re-execute notebooks in place in a fresh kernel (all, or NB="path ...")
+	$(BIN)/python -m course notebooks $(NB)
+
+assignment: setup ## lesson notebooks without solutions for students (PARTS="1 2" OUT=dir)
+	$(BIN)/python -m course assign $(PARTS) --out $(OUT)
+
+bench: setup ## time the engines against their references and print a table
+	$(BIN)/python -m benchmarks
+
+doctor: setup ## print versions, whether graphviz and a GPU are there
+	$(BIN)/python -m course doctor
+
+colab: setup ## point badges and install cells at a fork: make colab REPO=owner/name
+	@test -n "$(REPO)" || (echo "usage: make colab REPO=owner/name" && exit 2)
+	$(BIN)/python -m course colab $(REPO)
+
+syllabus: setup ## rewrite the syllabus table of README.md from the notebooks
+	$(BIN)/python -m course syllabus
+
+clean: ## remove .venv and caches
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

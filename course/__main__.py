@@ -1,0 +1,57 @@
+"""The course's command line: `python -m course COMMAND`.
+
+    assign PARTS... --out DIR          lesson notebooks of the chosen parts, without solutions
+    grade NOTEBOOKS... --out FILE.csv  run submitted notebooks and write one row each
+    doctor                             versions, graphviz, GPU or simulator
+    notebooks [PATHS...]               re-execute notebooks in place (all of them by default)
+    colab OWNER/NAME                   point badges and install cells at a fork
+    syllabus                           rewrite the syllabus table of README.md
+"""
+
+import argparse
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m course", description="The course's tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("assign", help="write lesson notebooks (without solutions) for students")
+    p.add_argument("parts", nargs="+", help="part numbers (1 2) or folder names (1-micrograd)")
+    p.add_argument("--out", required=True, help="folder to write into")
+
+    p = sub.add_parser("grade", help="run submitted notebooks and write one CSV row each")
+    p.add_argument("notebooks", nargs="+")
+    p.add_argument("--out", default="grades.csv")
+    p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
+
+    sub.add_parser("doctor", help="what this machine has for the course")
+    p = sub.add_parser("notebooks", help="re-execute notebooks in place, in a fresh kernel")
+    p.add_argument("paths", nargs="*")
+    p = sub.add_parser("colab", help="point badges and install cells at a fork")
+    p.add_argument("repo", help="owner/name on GitHub")
+    sub.add_parser("syllabus", help="rewrite the syllabus table in README.md")
+
+    args = parser.parse_args(argv)
+    if args.command == "assign":
+        from .grading import assign
+        assign(args.parts, args.out)
+    elif args.command == "grade":
+        from .grading import grade
+        grade(args.notebooks, args.out, time_limit=args.time_limit)
+    elif args.command == "doctor":
+        from .doctor import main as doctor
+        doctor()
+    elif args.command == "notebooks":
+        from .notebooks import cmd_notebooks
+        cmd_notebooks(args.paths)
+    elif args.command == "colab":
+        from .notebooks import set_repo, write_syllabus
+        set_repo(args.repo)
+        write_syllabus()
+    elif args.command == "syllabus":
+        from .notebooks import write_syllabus
+        write_syllabus()
+
+
+if __name__ == "__main__":
+    main()

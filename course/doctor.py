@@ -1,0 +1,49 @@
+"""`python -m course doctor`: what this machine has for the course."""
+
+import importlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+
+def _version(name):
+    try:
+        module = importlib.import_module(name)
+    except Exception as err:  # missing, or broken on import
+        return f"not importable ({type(err).__name__})"
+    return getattr(module, "__version__", "installed")
+
+
+def gpu_report():
+    """Say whether part 6 will use a real GPU or Numba's CUDA simulator (checked in a child process,
+    so that this process can still choose the simulator later)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "the CUDA simulator (NUMBA_ENABLE_CUDASIM=1 is set)"
+    probe = ("from numba import cuda\n"
+             "name = cuda.get_current_device().name if cuda.is_available() else ''\n"
+             "print(name.decode() if isinstance(name, bytes) else name)")
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        name = out.stdout.strip()
+    except Exception:
+        name = ""
+    if name:
+        return f"a real GPU: {name}"
+    return "the CUDA simulator (no usable GPU found)"
+
+
+def main():
+    print(f"python       {platform.python_version()} ({sys.executable})")
+    for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "jupyterlab", "nbval", "pytest",
+                 "hypothesis", "torch"):
+        print(f"{name:<12} {_version(name)}")
+    dot = shutil.which("dot")
+    if dot:
+        version = subprocess.run([dot, "-V"], capture_output=True, text=True).stderr.strip()
+        print(f"dot          {version}")
+    else:
+        print("dot          missing: graphs will not be drawn (apt-get install graphviz, brew install "
+              "graphviz, or conda install graphviz)")
+    print(f"GPU kernels  {gpu_report()}")
