@@ -1,0 +1,3 @@
+"""Checks of part 4: tokenizers and attention (lessons 4.1, 4.2), the model and its training (4.3, 4.4)."""
+
+from . import part4_model, part4_tokens  # noqa: F401  (importing them registers their checks)

@@ -1,0 +1,184 @@
+"""Checks of lessons 4.1 (tokenization) and 4.2 (attention)."""
+
+import numpy as np
+
+from ._core import CheckFailed, call, exercise, expect, expect_close
+
+
+def _short(value, limit=100):
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _random_text(rng, alphabet, n):
+    return "".join(rng.choice(list(alphabet), size=n))
+
+
+# ---- 4.1 tokenization ------------------------------------------------------------------------
+
+
+def _ref_merge(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def _ref_bpe_encode(text, merges):
+    ids = list(text.encode("utf-8"))
+    while len(ids) >= 2:
+        pairs = [p for p in zip(ids, ids[1:]) if p in merges]
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: merges[p])
+        ids = _ref_merge(ids, best, merges[best])
+    return ids
+
+
+@exercise("4.1.1", hint="sorted(set(text)) gives the characters in order; enumerate them")
+def _(candidate, rng):
+    texts = ["hello world", "", "To be, or not to be", "ba\nab",
+             _random_text(rng, "abcdefgh .,!\n", 40), _random_text(rng, "xyzXYZ 019éü", 25)]
+    for text in texts:
+        on = f"text={text!r}"
+        got = call(candidate, text, on=on)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailed(f"expected a pair (stoi, itos), got {_short(got)} on {on}")
+        stoi, itos = got
+        chars = sorted(set(text))
+        expected = {c: i for i, c in enumerate(chars)}
+        expect(isinstance(stoi, dict) and dict(stoi) == expected,
+               f"expected stoi {_short(expected)}, got {_short(stoi)} on {on}")
+        for i, c in enumerate(chars):
+            try:
+                back = itos[i]
+            except (KeyError, IndexError, TypeError):
+                raise CheckFailed(f"itos[{i}] does not exist on {on} (expected {c!r})") from None
+            expect(back == c, f"expected itos[{i}] == {c!r}, got {_short(back)} on {on}")
+        expect(len(itos) == len(chars), f"itos has {len(itos)} entries, expected {len(chars)} on {on}")
+
+
+@exercise("4.1.2", hint="zip(ids, ids[1:]) walks over the adjacent pairs")
+def _(candidate, rng):
+    cases = [[1, 2, 3, 1, 2], [5, 5, 5, 5], [7], [], [0, 1, 0, 1, 0]]
+    cases += [list(rng.integers(0, 4, size=n).tolist()) for n in (10, 30)]
+    for ids in cases:
+        on = f"ids={ids}"
+        got = call(candidate, list(ids), on=on)
+        expected = {}
+        for p in zip(ids, ids[1:]):
+            expected[p] = expected.get(p, 0) + 1
+        expect(isinstance(got, dict), f"expected a dict of pair -> count, got {_short(got)} on {on}")
+        expect(dict(got) == expected, f"expected {_short(expected, 160)}, got {_short(dict(got), 160)} on {on}")
+
+
+@exercise("4.1.3", hint="walk left to right; on a match append new_id and jump two places, "
+                        "otherwise append the id and move one")
+def _(candidate, rng):
+    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
+             ([1, 2], (2, 1), 3), ([], (1, 2), 3), ([3, 1, 2, 1, 2, 1], (2, 1), 8)]
+    for _ in range(4):
+        ids = rng.integers(0, 3, size=20).tolist()
+        cases.append((ids, (int(ids[0]), int(ids[1])), 99))
+    for ids, pair, new_id in cases:
+        on = f"ids={ids}, pair={pair}, new_id={new_id}"
+        original = list(ids)
+        got = call(candidate, ids, pair, new_id, on=on)
+        expected = _ref_merge(original, pair, new_id)
+        expect(isinstance(got, list) and got == expected, f"expected {expected}, got {_short(got)} on {on}")
+
+
+@exercise("4.1.4", hint="start from list(text.encode('utf-8')); while some adjacent pair is in "
+                        "merges, merge the one with the smallest new id (it was learned first)")
+def _(candidate, rng):
+    from course.gpt import BPETokenizer
+
+    training = "the cat sat on the mat; the hat, the bat. aaaaa " * 3
+    tok = BPETokenizer.train(training, 300, pattern=None)
+    merges = dict(tok.ranks)
+    texts = ["the cat", "", "aaaaa", "that", "hé 🙂", "the mat sat on the hat",
+             _random_text(rng, "theca s", 30)]
+    for text in texts:
+        on = f"text={text!r} with the {len(merges)} merges of the cell"
+        got = call(candidate, text, dict(merges), on=on)
+        expected = _ref_bpe_encode(text, merges)
+        expect(isinstance(got, list) and [int(i) for i in got] == expected,
+               f"expected {_short(expected)}, got {_short(got)} on {on}")
+
+
+# ---- 4.2 attention ---------------------------------------------------------------------------
+
+
+def _ref_softmax(scores, mask):
+    scores = np.where(mask, scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _ref_head(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    T, d = q.shape
+    scores = q @ k.T / np.sqrt(d)
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    return _ref_softmax(scores, mask) @ v
+
+
+@exercise("4.2.1", hint="np.tril keeps the lower triangle: position i may look at j <= i")
+def _(candidate, rng):
+    for T in (1, 2, 3, 5, 8):
+        on = f"T={T}"
+        got = call(candidate, T, on=on)
+        expected = np.tril(np.ones((T, T), dtype=bool))
+        arr = np.asarray(got)
+        expect(arr.shape == (T, T), f"expected shape {(T, T)}, got shape {arr.shape} on {on}")
+        expect(arr.dtype == bool, f"expected a boolean array, got dtype {arr.dtype} on {on}")
+        expect(np.array_equal(arr, expected),
+               f"expected {expected.astype(int).tolist()}, got {arr.astype(int).tolist()} on {on}")
+
+
+@exercise("4.2.2", hint="set masked scores to -inf (np.where), subtract the row max, exponentiate, normalize")
+def _(candidate, rng):
+    tril = np.tril(np.ones((3, 3), dtype=bool))
+    cases = [(np.zeros((3, 3)), tril, "zeros (3, 3), causal mask"),
+             (np.array([[1.0, 2.0, 3.0]]), np.array([[True, True, False]]), "[[1, 2, 3]], mask [[T, T, F]]"),
+             (np.array([[1000.0, 1001.0, -1000.0, 5.0]]), np.ones((1, 4), dtype=bool),
+              "[[1000, 1001, -1000, 5]] (large scores), no mask"),
+             (rng.normal(size=(4, 4)) * 3, np.tril(np.ones((4, 4), dtype=bool)), "random (4, 4), causal mask"),
+             (rng.normal(size=(2, 3, 5, 5)), np.tril(np.ones((5, 5), dtype=bool)),
+              "random (2, 3, 5, 5), causal mask (5, 5) broadcast")]
+    for scores, mask, on in cases:
+        got = call(candidate, scores.copy(), mask.copy(), on=on)
+        expected = _ref_softmax(scores, mask)
+        arr = np.asarray(got, dtype=np.float64)
+        if arr.shape == expected.shape and not np.all(np.isfinite(arr)):
+            raise CheckFailed(f"the result holds nan or inf on {on}: subtract the row max before np.exp")
+        expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)
+
+
+@exercise("4.2.3", hint="scores = q @ k.T / sqrt(d); mask the future with -inf; softmax over the "
+                        "last axis; multiply by v")
+def _(candidate, rng):
+    for T, C, d in [(1, 3, 2), (4, 4, 4), (5, 6, 3), (8, 8, 2)]:
+        x = rng.normal(size=(T, C))
+        w_q, w_k, w_v = (rng.normal(size=(C, d)) for _ in range(3))
+        on = f"random x {x.shape} and weights {(C, d)}"
+        got = call(candidate, x, w_q, w_k, w_v, on=on)
+        expect_close(got, _ref_head(x, w_q, w_k, w_v), on=on, rtol=1e-6, atol=1e-9, what="output")
+
+
+@exercise("4.2.4", hint="reshape to (B, T, n_head, C // n_head), then transpose(0, 2, 1, 3)")
+def _(candidate, rng):
+    cases = [(np.arange(24.0).reshape(1, 3, 8), 2), (np.arange(24.0).reshape(1, 3, 8), 4),
+             (rng.normal(size=(2, 5, 6)), 3), (rng.normal(size=(3, 4, 8)), 1),
+             (rng.normal(size=(1, 2, 8)), 8)]
+    for x, n_head in cases:
+        B, T, C = x.shape
+        on = f"x of shape {x.shape} with n_head={n_head}"
+        got = call(candidate, x.copy(), n_head, on=on)
+        expected = x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+        expect_close(got, expected, on=on, rtol=0, atol=0)

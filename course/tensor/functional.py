@@ -1,0 +1,275 @@
+"""Functions of tensors used by neural networks (imported as `F`).
+
+Each is one operation with its own backward, rather than a chain of smaller ones: softmax,
+log_softmax and cross_entropy are then numerically stable (they never exponentiate a large
+number), and a network runs fewer, larger NumPy calls.
+"""
+
+import numpy as np
+
+from .tensor import Tensor, _result
+
+_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed):
+    """Seed the generator used by `dropout` (and by modules that draw random numbers)."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def get_rng():
+    return _rng
+
+
+def _tensor(x, like=None):
+    if isinstance(x, Tensor):
+        return x
+    dtype = like.dtype if like is not None else None
+    return Tensor(np.asarray(x, dtype=dtype))
+
+
+# ----- activations ----------------------------------------------------------------------------
+_GELU_C = np.sqrt(2 / np.pi)
+
+
+def gelu(x):
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    d = x.data
+    inner = _GELU_C * (d + 0.044715 * d ** 3)
+    t = np.tanh(inner)
+    out = _result(0.5 * d * (1 + t), (x,), "gelu")
+    if out.requires_grad:
+        def backward(g):
+            dinner = _GELU_C * (1 + 3 * 0.044715 * d * d)
+            x._accumulate(g * (0.5 * (1 + t) + 0.5 * d * (1 - t * t) * dinner))
+        out._backward = backward
+    return out
+
+
+def _sigmoid(d):
+    e = np.exp(-np.abs(d))
+    return np.where(d >= 0, 1 / (1 + e), e / (1 + e)).astype(d.dtype, copy=False)
+
+
+def silu(x):
+    """SiLU (swish): x * sigmoid(x)."""
+    d = x.data
+    s = _sigmoid(d)
+    out = _result(d * s, (x,), "silu")
+    if out.requires_grad:
+        out._backward = lambda g: x._accumulate(g * (s * (1 + d * (1 - s))))
+    return out
+
+
+def softplus(x):
+    """log(1 + exp(x)), computed without overflow; its derivative is sigmoid(x)."""
+    d = x.data
+    out = _result(np.logaddexp(0, d).astype(d.dtype, copy=False), (x,), "softplus")
+    if out.requires_grad:
+        out._backward = lambda g: x._accumulate(g * _sigmoid(d))
+    return out
+
+
+# ----- softmax and the losses built on it ------------------------------------------------------
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along `axis`; the maximum is subtracted first so exp never overflows."""
+    d = x.data
+    e = np.exp(d - d.max(axis=axis, keepdims=True))
+    s = e / e.sum(axis=axis, keepdims=True)
+    out = _result(s, (x,), "softmax")
+    if out.requires_grad:
+        # The Jacobian is diag(s) - s s^T, so the backward is s * (g - <g, s>).
+        out._backward = lambda g: x._accumulate(s * (g - (g * s).sum(axis=axis, keepdims=True)))
+    return out
+
+
+def _log_softmax(d, axis):
+    shifted = d - d.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    """log(softmax(x)) as x - logsumexp(x): finite even where softmax underflows to 0."""
+    logp = _log_softmax(x.data, axis)
+    out = _result(logp, (x,), "log_softmax")
+    if out.requires_grad:
+        out._backward = lambda g: x._accumulate(g - np.exp(logp) * g.sum(axis=axis, keepdims=True))
+    return out
+
+
+def cross_entropy(logits, targets, ignore_index=None):
+    """Mean negative log-likelihood of integer `targets` under `softmax(logits)`.
+
+    logits: (..., C). targets: integers of shape logits.shape[:-1], an array or a Tensor.
+    Targets equal to `ignore_index` count for nothing, and the mean is over the others.
+    """
+    t = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    if not np.issubdtype(t.dtype, np.integer):
+        raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {t.dtype}")
+    if t.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: logits of shape {logits.shape} need targets of shape "
+                         f"{logits.shape[:-1]}, got targets of shape {t.shape}")
+    n_classes = logits.shape[-1]
+    keep = np.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
+    count = int(keep.sum())
+    if count == 0:
+        raise ValueError(f"cross_entropy: every target equals ignore_index={ignore_index}: nothing to average")
+    bad = keep & ((t < 0) | (t >= n_classes))
+    if bad.any():
+        raise ValueError(f"cross_entropy: target {t[bad][0]} is out of range for {n_classes} classes")
+    flat = logits.data.reshape(-1, n_classes)
+    t_flat = np.where(keep, t, 0).reshape(-1)
+    keep_flat = keep.reshape(-1)
+    logp = _log_softmax(flat, -1)
+    picked = logp[np.arange(len(t_flat)), t_flat]
+    loss = -(picked * keep_flat).sum() / count
+    out = _result(np.asarray(loss, dtype=logits.dtype), (logits,), "cross_entropy")
+    if out.requires_grad:
+        def backward(g):
+            # d loss / d logits = (softmax - one_hot(target)) / count, on the rows that count.
+            grad = np.exp(logp)
+            grad[np.arange(len(t_flat)), t_flat] -= 1
+            grad *= (keep_flat * (g / count))[:, None].astype(grad.dtype)
+            logits._accumulate(grad.reshape(logits.shape))
+        out._backward = backward
+    return out
+
+
+# ----- normalisation and lookup ----------------------------------------------------------------
+def layer_norm(x, weight, bias, eps=1e-5):
+    """Normalise the last axis to mean 0 and variance 1, then scale by `weight` and shift by `bias`."""
+    d = x.data
+    mu = d.mean(axis=-1, keepdims=True)
+    xc = d - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt(var + eps)
+    xhat = xc * rstd
+    y = xhat
+    if weight is not None:
+        y = y * weight.data
+    if bias is not None:
+        y = y + bias.data
+    parents = tuple(p for p in (x, weight, bias) if p is not None)
+    out = _result(y, parents, "layer_norm")
+    if out.requires_grad:
+        def backward(g):
+            lead = tuple(range(g.ndim - 1))
+            if weight is not None and weight.requires_grad:
+                weight._accumulate((g * xhat).sum(axis=lead))
+            if bias is not None and bias.requires_grad:
+                bias._accumulate(g.sum(axis=lead))
+            if x.requires_grad:
+                gx = g * weight.data if weight is not None else g
+                # The gradient through the mean and the variance, in one line:
+                # dx = rstd * (gx - mean(gx) - xhat * mean(gx * xhat))
+                x._accumulate(rstd * (gx - gx.mean(axis=-1, keepdims=True)
+                                      - xhat * (gx * xhat).mean(axis=-1, keepdims=True)))
+        out._backward = backward
+    return out
+
+
+def embedding(indices, weight):
+    """Rows of `weight` picked by integer `indices`: the result has shape indices.shape + (dim,)."""
+    idx = np.asarray(indices.data if isinstance(indices, Tensor) else indices)
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"embedding: indices must be integers, got dtype {idx.dtype}")
+    n = weight.shape[0]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        bad = idx[(idx < 0) | (idx >= n)][0]
+        raise IndexError(f"embedding: index {bad} is out of range for a table of {n} rows")
+    out = _result(weight.data[idx], (weight,), "embedding")
+    if out.requires_grad:
+        def backward(g):
+            grad = np.zeros_like(weight.data)
+            np.add.at(grad, idx.reshape(-1), g.reshape(-1, weight.shape[1]))  # repeated tokens add up
+            weight._accumulate(grad)
+        out._backward = backward
+    return out
+
+
+# ----- selection and joining -------------------------------------------------------------------
+def masked_fill(x, mask, value):
+    """`x` with `value` wherever `mask` is True (the mask broadcasts against x)."""
+    m = np.asarray(mask.data if isinstance(mask, Tensor) else mask, dtype=bool)
+    try:
+        data = np.where(m, np.asarray(value, dtype=x.dtype), x.data)
+    except ValueError:
+        raise ValueError(f"masked_fill: mask of shape {m.shape} does not broadcast to shape {x.shape}") from None
+    if data.shape != x.shape:
+        raise ValueError(f"masked_fill: mask of shape {m.shape} would change the shape {x.shape}")
+    out = _result(data, (x,), "masked_fill")
+    if out.requires_grad:
+        out._backward = lambda g: x._accumulate(np.where(m, 0, g).astype(x.dtype, copy=False))
+    return out
+
+
+def where(condition, a, b):
+    """Elementwise `a` where `condition` is True, else `b` (numbers or tensors, broadcasting)."""
+    c = np.asarray(condition.data if isinstance(condition, Tensor) else condition, dtype=bool)
+    like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+    a, b = _tensor(a, like), _tensor(b, like)
+    try:
+        data = np.where(c, a.data, b.data)
+    except ValueError:
+        raise ValueError(f"where: shapes {c.shape}, {a.shape} and {b.shape} cannot be broadcast together") from None
+    out = _result(data, (a, b), "where")
+    if out.requires_grad:
+        from .tensor import unbroadcast
+
+        def backward(g):
+            if a.requires_grad:
+                a._accumulate(unbroadcast(np.where(c, g, 0), a.shape).astype(a.dtype, copy=False))
+            if b.requires_grad:
+                b._accumulate(unbroadcast(np.where(c, 0, g), b.shape).astype(b.dtype, copy=False))
+        out._backward = backward
+    return out
+
+
+def concatenate(tensors, axis=0):
+    """Join tensors along an existing axis; the gradient is cut back into the pieces."""
+    tensors = [_tensor(t) for t in tensors]
+    try:
+        data = np.concatenate([t.data for t in tensors], axis=axis)
+    except ValueError:
+        shapes = ", ".join(str(t.shape) for t in tensors)
+        raise ValueError(f"concatenate: shapes {shapes} cannot be joined along axis {axis}") from None
+    out = _result(data, tuple(tensors), "concatenate")
+    if out.requires_grad:
+        ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
+
+        def backward(g):
+            for t, piece in zip(tensors, np.split(g, ends, axis=axis)):
+                if t.requires_grad:
+                    t._accumulate(piece)
+        out._backward = backward
+    return out
+
+
+def stack(tensors, axis=0):
+    """Join tensors of one shape along a new axis."""
+    tensors = [_tensor(t) for t in tensors]
+    shapes = {t.shape for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"stack: all tensors need the same shape, got {', '.join(str(s) for s in shapes)}")
+    out = _result(np.stack([t.data for t in tensors], axis=axis), tuple(tensors), "stack")
+    if out.requires_grad:
+        def backward(g):
+            for i, t in enumerate(tensors):
+                if t.requires_grad:
+                    t._accumulate(np.take(g, i, axis=axis))
+        out._backward = backward
+    return out
+
+
+def dropout(x, p, training=True):
+    """Zero each element with probability p and scale the rest by 1/(1-p), so the expected value is unchanged."""
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    if not training or p == 0:
+        return x
+    keep = (_rng.random(x.shape) >= p).astype(x.dtype) / (1 - p)
+    out = _result(x.data * keep, (x,), "dropout")
+    if out.requires_grad:
+        out._backward = lambda g: x._accumulate(g * keep)
+    return out

@@ -1,0 +1,161 @@
+"""The checks of lessons 4.1 and 4.2: a stub is not attempted, a wrong answer fails naming the input,
+a right answer passes."""
+
+import numpy as np
+import pytest
+
+from course.exercises import check
+
+pytestmark = pytest.mark.part4
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ---- right answers ---------------------------------------------------------------------------
+
+
+def build_char_vocab(text):
+    chars = sorted(set(text))
+    return {c: i for i, c in enumerate(chars)}, dict(enumerate(chars))
+
+
+def count_pairs(ids):
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def merge(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def bpe_encode(text, merges):
+    ids = list(text.encode("utf-8"))
+    while len(ids) >= 2:
+        pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge(ids, pair, merges[pair])
+    return ids
+
+
+def causal_mask(T):
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+def masked_softmax(scores, mask):
+    scores = np.where(mask, scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_head(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    scores = q @ k.T / np.sqrt(q.shape[-1])
+    return masked_softmax(scores, causal_mask(len(x))) @ v
+
+
+def split_heads(x, n_head):
+    B, T, C = x.shape
+    return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+# ---- wrong answers, each with the input its failure message should name ------------------------
+
+
+def vocab_unsorted(text):
+    chars = list(dict.fromkeys(text))  # order of first appearance, not sorted
+    return {c: i for i, c in enumerate(chars)}, dict(enumerate(chars))
+
+
+def pairs_overlapping_once(ids):
+    return {p: 1 for p in zip(ids, ids[1:])}
+
+
+def merge_overlapping(ids, pair, new_id):  # merges "5 5 5" into two tokens
+    out = [new_id if (a, b) == pair else a for a, b in zip(ids, ids[1:])]
+    return out if ids else []
+
+
+def bpe_encode_any_order(text, merges):  # applies the merge with the largest id first
+    ids = list(text.encode("utf-8"))
+    while True:
+        present = [p for p in zip(ids, ids[1:]) if p in merges]
+        if not present:
+            return ids
+        pair = max(present, key=lambda p: merges[p])
+        ids = merge(ids, pair, merges[pair])
+
+
+def mask_upper(T):
+    return np.triu(np.ones((T, T), dtype=bool))
+
+
+def softmax_unstable(scores, mask):  # no max subtracted: exp(1000) overflows
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(np.where(mask, scores, -np.inf))
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def head_unscaled(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    return masked_softmax(q @ k.T, causal_mask(len(x))) @ v
+
+
+def split_heads_reshape_only(x, n_head):
+    B, T, C = x.shape
+    return x.reshape(B, n_head, T, C // n_head)
+
+
+CASES = [
+    ("4.1.1", build_char_vocab, vocab_unsorted, "text="),
+    ("4.1.2", count_pairs, pairs_overlapping_once, "ids="),
+    ("4.1.3", merge, merge_overlapping, "ids="),
+    ("4.1.4", bpe_encode, bpe_encode_any_order, "text="),
+    ("4.2.1", causal_mask, mask_upper, "T="),
+    ("4.2.2", masked_softmax, softmax_unstable, "large scores"),
+    ("4.2.3", attention_head, head_unscaled, "random x"),
+    ("4.2.4", split_heads, split_heads_reshape_only, "n_head="),
+]
+
+
+@pytest.mark.parametrize("exercise_id", [c[0] for c in CASES])
+def test_stub_is_not_attempted(exercise_id, capsys):
+    result = check(exercise_id, stub)
+    assert result.status == "not attempted"
+    assert "not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise_id,right", [(c[0], c[1]) for c in CASES])
+def test_right_answer_passes(exercise_id, right, capsys):
+    result = check(exercise_id, right)
+    assert result.status == "passed", result.message
+    assert capsys.readouterr().out.strip() == f"[{exercise_id}] passed."
+
+
+@pytest.mark.parametrize("exercise_id,wrong,names", [(c[0], c[2], c[3]) for c in CASES])
+def test_wrong_answer_fails_naming_the_input(exercise_id, wrong, names):
+    result = check(exercise_id, wrong)
+    assert result.status == "failed"
+    assert names in result.message, result.message
+    assert "Hint:" in result.message
+
+
+def test_an_exception_in_the_learners_code_is_a_failure():
+    def broken(*args):
+        raise IndexError("list index out of range")
+
+    result = check("4.1.3", broken)
+    assert result.status == "failed"
+    assert "IndexError" in result.message and "ids=" in result.message
