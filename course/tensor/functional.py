@@ -30,7 +30,7 @@ def _tensor(x, like=None):
 
 
 # ----- activations ----------------------------------------------------------------------------
-_GELU_C = np.sqrt(2 / np.pi)
+_GELU_C = float(np.sqrt(2 / np.pi))  # a Python float: a NumPy float64 scalar would turn float32 into float64
 
 
 def gelu(x):
@@ -272,4 +272,32 @@ def dropout(x, p, training=True):
     out = _result(x.data * keep, (x,), "dropout")
     if out.requires_grad:
         out._backward = lambda g: x._accumulate(g * keep)
+    return out
+
+
+# ----- the layer every network is full of --------------------------------------------------------
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias, as one operation: weight has shape (out, in) as in PyTorch.
+
+    Written as a single op (rather than transpose, matmul and add) because networks spend most
+    of their time here: the backward folds all leading axes into one matrix product.
+    """
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input of shape {x.shape} has {x.shape[-1]} features but the weight "
+                         f"of shape {weight.shape} expects {weight.shape[1]}")
+    y = x.data @ weight.data.T
+    if bias is not None:
+        y += bias.data
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    out = _result(y, parents, "linear")
+    if out.requires_grad:
+        def backward(g):
+            g2 = g.reshape(-1, g.shape[-1])
+            if x.requires_grad:
+                x._accumulate(g @ weight.data)
+            if weight.requires_grad:
+                weight._accumulate(g2.T @ x.data.reshape(-1, x.shape[-1]))
+            if bias is not None and bias.requires_grad:
+                bias._accumulate(g2.sum(axis=0))
+        out._backward = backward
     return out
