@@ -34,12 +34,14 @@ class Value:
     """One number, the operation that made it, and its gradient."""
 
     def __init__(self, data, label="", _children=(), _op=""):
-        if isinstance(data, Value):
-            raise TypeError("Value(...) got a Value: it already is one, use it as it is")
-        if not isinstance(data, numbers.Real):
-            raise TypeError(f"a Value holds one real number (int or float), "
-                            f"got {type(data).__name__}: {data!r:.60}")
-        self.data = float(data)
+        if type(data) is not float:  # the common case skips the slower checks below
+            if isinstance(data, Value):
+                raise TypeError("Value(...) got a Value: it already is one, use it as it is")
+            if not isinstance(data, numbers.Real):
+                raise TypeError(f"a Value holds one real number (int or float), "
+                                f"got {type(data).__name__}: {data!r:.60}")
+            data = float(data)
+        self.data = data
         self.grad = 0.0
         self.label = label
         # The inputs of the operation that made this Value, in operand order (a tuple, not a set,
@@ -47,7 +49,10 @@ class Value:
         self._prev = tuple(_children)
         self._op = _op
         # How to pass this Value's grad on to its inputs; leaves have nothing to pass on.
-        self._backward = lambda: None
+        # It is called as `_backward(out.grad)` rather than reading `out.grad` itself: a closure
+        # that held on to `out` would make a reference cycle per operation, and Python's cycle
+        # collector would then slow a training loop down several times over.
+        self._backward = _no_inputs
 
     def __repr__(self):
         name = f"{self.label!r}, " if self.label else ""
@@ -61,11 +66,11 @@ class Value:
             return NotImplemented
         out = Value(self.data + other.data, _children=(self, other), _op="+")
 
-        def _backward():
+        def _backward(grad):
             # d(a + b)/da = d(a + b)/db = 1: the sum passes its grad through unchanged.
             # += and not =: `self` may feed other operations too (or be `other` itself).
-            self.grad += out.grad
-            other.grad += out.grad
+            self.grad += grad
+            other.grad += grad
 
         out._backward = _backward
         return out
@@ -76,10 +81,10 @@ class Value:
             return NotImplemented
         out = Value(self.data * other.data, _children=(self, other), _op="*")
 
-        def _backward():
+        def _backward(grad):
             # d(a * b)/da = b: each factor's grad is scaled by the *other* factor.
-            self.grad += other.data * out.grad
-            other.grad += self.data * out.grad
+            self.grad += other.data * grad
+            other.grad += self.data * grad
 
         out._backward = _backward
         return out
@@ -98,9 +103,9 @@ class Value:
                              f"is not a real number")
         out = Value(base ** n, _children=(self,), _op=f"**{n:g}")
 
-        def _backward():
+        def _backward(grad):
             # The power rule: d(a**n)/da = n * a**(n - 1), with n a constant.
-            self.grad += n * base ** (n - 1) * out.grad
+            self.grad += n * base ** (n - 1) * grad
 
         out._backward = _backward
         return out
@@ -110,13 +115,14 @@ class Value:
         if base <= 0:
             raise ValueError(f"a Value exponent needs a positive base, got base {base:g}: "
                              f"the exponent's gradient a**b * log(a) needs log(a)")
-        out = Value(base ** b, _children=(self, exponent), _op="**")
+        result = base ** b
+        out = Value(result, _children=(self, exponent), _op="**")
 
-        def _backward():
+        def _backward(grad):
             # With the base varying: the power rule. With the exponent varying:
             # a**b = exp(b * log(a)), so d(a**b)/db = a**b * log(a).
-            self.grad += b * base ** (b - 1) * out.grad
-            exponent.grad += out.data * math.log(base) * out.grad
+            self.grad += b * base ** (b - 1) * grad
+            exponent.grad += result * math.log(base) * grad
 
         out._backward = _backward
         return out
@@ -169,9 +175,9 @@ class Value:
     def relu(self):
         out = Value(max(0.0, self.data), _children=(self,), _op="relu")
 
-        def _backward():
+        def _backward(grad):
             # The slope is 1 where the input is positive and 0 elsewhere (0 at 0, by convention).
-            self.grad += (self.data > 0) * out.grad
+            self.grad += (self.data > 0) * grad
 
         out._backward = _backward
         return out
@@ -180,9 +186,9 @@ class Value:
         t = math.tanh(self.data)
         out = Value(t, _children=(self,), _op="tanh")
 
-        def _backward():
+        def _backward(grad):
             # d tanh(x)/dx = 1 - tanh(x)**2: the output is all the backward pass needs.
-            self.grad += (1 - t * t) * out.grad
+            self.grad += (1 - t * t) * grad
 
         out._backward = _backward
         return out
@@ -194,9 +200,9 @@ class Value:
             raise OverflowError(f"exp({self.data:g}) is too large for a float") from None
         out = Value(e, _children=(self,), _op="exp")
 
-        def _backward():
+        def _backward(grad):
             # exp is its own derivative: reuse the forward result.
-            self.grad += e * out.grad
+            self.grad += e * grad
 
         out._backward = _backward
         return out
@@ -206,9 +212,9 @@ class Value:
             raise ValueError(f"log needs a positive number, got {self.data:g}")
         out = Value(math.log(self.data), _children=(self,), _op="log")
 
-        def _backward():
+        def _backward(grad):
             # d log(x)/dx = 1 / x
-            self.grad += out.grad / self.data
+            self.grad += grad / self.data
 
         out._backward = _backward
         return out
@@ -223,9 +229,9 @@ class Value:
             s = z / (1.0 + z)
         out = Value(s, _children=(self,), _op="sigmoid")
 
-        def _backward():
+        def _backward(grad):
             # d sigmoid(x)/dx = sigmoid(x) * (1 - sigmoid(x))
-            self.grad += s * (1 - s) * out.grad
+            self.grad += s * (1 - s) * grad
 
         out._backward = _backward
         return out
@@ -242,7 +248,11 @@ class Value:
         # Reverse topological order: a node passes its grad on only after every node that uses
         # it has added its share, so its grad is complete when it is read.
         for node in reversed(order):
-            node._backward()
+            node._backward(node.grad)
+
+
+def _no_inputs(grad):
+    pass
 
 
 def _as_value(x):
@@ -250,7 +260,7 @@ def _as_value(x):
     that names both types (`unsupported operand type(s) for +: 'Value' and 'str'`)."""
     if isinstance(x, Value):
         return x
-    if isinstance(x, numbers.Real):
+    if isinstance(x, (int, float)) or isinstance(x, numbers.Real):  # fast path first
         return Value(x)
     return NotImplemented
 

@@ -301,3 +301,68 @@ def linear(x, weight, bias=None):
                 bias._accumulate(g2.sum(axis=0))
         out._backward = backward
     return out
+
+
+# ----- attention, as one operation (part 4) ------------------------------------------------------
+def causal_mask(t_query, t_key):
+    """True where query i may NOT look at key j: j lies in its future.
+
+    The queries are the last `t_query` of `t_key` positions (t_query < t_key when earlier keys
+    come from a cache), so query i sits at position t_key - t_query + i.
+    """
+    offset = t_key - t_query
+    return np.arange(t_key)[None, :] > np.arange(offset, offset + t_query)[:, None]
+
+
+def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=True):
+    """softmax(q @ k^T / sqrt(d)) @ v over the last two axes, with a causal mask, as one operation.
+
+    q: (..., Tq, d), k: (..., Tk, d), v: (..., Tk, dv); the result has shape (..., Tq, dv).
+    Written as one op (rather than matmul, scale, masked_fill, softmax, matmul) because it runs
+    once per layer on the largest arrays of a transformer: one forward and one backward here
+    make three fewer copies of the (T, T) attention matrix, and skip their graph bookkeeping.
+    With dropout_p > 0 (and training), attention weights are dropped after the softmax.
+    """
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} "
+                         f"need q and k to share the last axis and k and v the second to last")
+    t_query, t_key = q.shape[-2], k.shape[-2]
+    if causal and t_query > t_key:
+        raise ValueError(f"scaled_dot_product_attention: {t_query} causal queries need at least as "
+                         f"many keys, got {t_key}")
+    scale = np.asarray(1 / np.sqrt(q.shape[-1]), dtype=q.dtype)
+    kt = np.swapaxes(k.data, -1, -2)
+    # Forward: scores, masked, softmax (in place, to spare copies), weighted sum of values.
+    att = q.data @ kt
+    att *= scale
+    if causal and t_query > 1:
+        att[..., causal_mask(t_query, t_key)] = -np.inf  # exp(-inf) = 0: no weight on the future
+    att -= att.max(axis=-1, keepdims=True)
+    np.exp(att, out=att)
+    att /= att.sum(axis=-1, keepdims=True)
+    weights = att
+    if dropout_p and training:
+        keep = (_rng.random(att.shape) >= dropout_p).astype(att.dtype) / (1 - dropout_p)
+        weights = att * keep
+    out = _result(weights @ v.data, (q, k, v), "attention")
+    if out.requires_grad:
+        def backward(g):
+            if v.requires_grad:  # y = P v  ->  dv = P^T dy
+                v._accumulate(np.swapaxes(weights, -1, -2) @ g)
+            if not (q.requires_grad or k.requires_grad):
+                return
+            dp = g @ np.swapaxes(v.data, -1, -2)  # dP = dy v^T
+            if weights is not att:
+                dp *= keep
+            # Softmax backward, row by row: dS = P * (dP - sum(dP * P)). Masked entries have
+            # P = 0, so they get no gradient without looking at the mask again.
+            ds = dp
+            ds -= (dp * att).sum(axis=-1, keepdims=True)
+            ds *= att
+            ds *= scale
+            if q.requires_grad:  # S = q k^T * scale  ->  dq = dS k,  dk = dS^T q
+                q._accumulate(ds @ k.data)
+            if k.requires_grad:
+                k._accumulate(np.swapaxes(ds, -1, -2) @ q.data)
+        out._backward = backward
+    return out
