@@ -33,6 +33,9 @@ __all__ = ["Value", "Module", "Neuron", "Layer", "MLP"]
 class Value:
     """One number, the operation that made it, and its gradient."""
 
+    # A fixed set of fields (no per-Value __dict__): a training step makes 100,000s of Values.
+    __slots__ = ("data", "grad", "label", "_prev", "_op", "_backward")
+
     def __init__(self, data, label="", _children=(), _op=""):
         if type(data) is not float:  # the common case skips the slower checks below
             if isinstance(data, Value):

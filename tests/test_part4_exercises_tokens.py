@@ -51,11 +51,11 @@ def bpe_encode(text, merges):
 
 
 def causal_mask(T):
-    return np.tril(np.ones((T, T), dtype=bool))
+    return np.triu(np.ones((T, T), dtype=bool), k=1)
 
 
 def masked_softmax(scores, mask):
-    scores = np.where(mask, scores, -np.inf)
+    scores = np.where(mask, -np.inf, scores)
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -98,13 +98,13 @@ def bpe_encode_any_order(text, merges):  # applies the merge with the largest id
         ids = merge(ids, pair, merges[pair])
 
 
-def mask_upper(T):
-    return np.triu(np.ones((T, T), dtype=bool))
+def mask_allowed(T):  # the opposite convention: True where attention is allowed
+    return np.tril(np.ones((T, T), dtype=bool))
 
 
 def softmax_unstable(scores, mask):  # no max subtracted: exp(1000) overflows
     with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(np.where(mask, scores, -np.inf))
+        e = np.exp(np.where(mask, -np.inf, scores))
         return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -123,7 +123,7 @@ CASES = [
     ("4.1.2", count_pairs, pairs_overlapping_once, "ids="),
     ("4.1.3", merge, merge_overlapping, "ids="),
     ("4.1.4", bpe_encode, bpe_encode_any_order, "text="),
-    ("4.2.1", causal_mask, mask_upper, "T="),
+    ("4.2.1", causal_mask, mask_allowed, "T="),
     ("4.2.2", masked_softmax, softmax_unstable, "large scores"),
     ("4.2.3", attention_head, head_unscaled, "random x"),
     ("4.2.4", split_heads, split_heads_reshape_only, "n_head="),

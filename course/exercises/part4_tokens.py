@@ -115,7 +115,8 @@ def _(candidate, rng):
 
 
 def _ref_softmax(scores, mask):
-    scores = np.where(mask, scores, -np.inf)
+    # mask: True where a score is hidden (the future), as in F.masked_fill and F.causal_mask
+    scores = np.where(mask, -np.inf, scores)
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -124,16 +125,20 @@ def _ref_head(x, w_q, w_k, w_v):
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     T, d = q.shape
     scores = q @ k.T / np.sqrt(d)
-    mask = np.tril(np.ones((T, T), dtype=bool))
-    return _ref_softmax(scores, mask) @ v
+    return _ref_softmax(scores, _ref_mask(T)) @ v
 
 
-@exercise("4.2.1", hint="np.tril keeps the lower triangle: position i may look at j <= i")
+def _ref_mask(T):
+    return np.triu(np.ones((T, T), dtype=bool), k=1)
+
+
+@exercise("4.2.1", hint="True marks what query i must not see, the keys j > i: "
+                        "np.triu(np.ones((T, T), dtype=bool), k=1)")
 def _(candidate, rng):
     for T in (1, 2, 3, 5, 8):
         on = f"T={T}"
         got = call(candidate, T, on=on)
-        expected = np.tril(np.ones((T, T), dtype=bool))
+        expected = _ref_mask(T)
         arr = np.asarray(got)
         expect(arr.shape == (T, T), f"expected shape {(T, T)}, got shape {arr.shape} on {on}")
         expect(arr.dtype == bool, f"expected a boolean array, got dtype {arr.dtype} on {on}")
@@ -141,16 +146,15 @@ def _(candidate, rng):
                f"expected {expected.astype(int).tolist()}, got {arr.astype(int).tolist()} on {on}")
 
 
-@exercise("4.2.2", hint="set masked scores to -inf (np.where), subtract the row max, exponentiate, normalize")
+@exercise("4.2.2", hint="set the masked scores (mask True) to -inf with np.where, subtract the row max, exponentiate, normalize")
 def _(candidate, rng):
-    tril = np.tril(np.ones((3, 3), dtype=bool))
-    cases = [(np.zeros((3, 3)), tril, "zeros (3, 3), causal mask"),
-             (np.array([[1.0, 2.0, 3.0]]), np.array([[True, True, False]]), "[[1, 2, 3]], mask [[T, T, F]]"),
-             (np.array([[1000.0, 1001.0, -1000.0, 5.0]]), np.ones((1, 4), dtype=bool),
-              "[[1000, 1001, -1000, 5]] (large scores), no mask"),
-             (rng.normal(size=(4, 4)) * 3, np.tril(np.ones((4, 4), dtype=bool)), "random (4, 4), causal mask"),
-             (rng.normal(size=(2, 3, 5, 5)), np.tril(np.ones((5, 5), dtype=bool)),
-              "random (2, 3, 5, 5), causal mask (5, 5) broadcast")]
+    cases = [(np.zeros((3, 3)), _ref_mask(3), "zeros (3, 3), causal mask"),
+             (np.array([[1.0, 2.0, 3.0]]), np.array([[False, False, True]]),
+              "[[1, 2, 3]] with mask [[False, False, True]]"),
+             (np.array([[1000.0, 1001.0, -1000.0, 5.0]]), np.zeros((1, 4), dtype=bool),
+              "[[1000, 1001, -1000, 5]] (large scores), nothing masked"),
+             (rng.normal(size=(4, 4)) * 3, _ref_mask(4), "random (4, 4), causal mask"),
+             (rng.normal(size=(2, 3, 5, 5)), _ref_mask(5), "random (2, 3, 5, 5), causal mask (5, 5) broadcast")]
     for scores, mask, on in cases:
         got = call(candidate, scores.copy(), mask.copy(), on=on)
         expected = _ref_softmax(scores, mask)

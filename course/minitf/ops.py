@@ -420,26 +420,48 @@ register("group", lambda node, *values: None, lambda *input_shapes: None, kind="
 
 # ---------------------------------------------------------------- fused (made by compiler.fuse_elementwise)
 
+def _fits_in(buffer, args):
+    """Can `op(*args)` be written into `buffer`? Same dtype, and broadcasting keeps buffer's shape."""
+    for a in args:
+        if a is buffer:
+            continue
+        if not isinstance(a, np.ndarray) or a.dtype != buffer.dtype or a.ndim > buffer.ndim:
+            return False
+        if any(d != 1 and d != b for d, b in zip(a.shape[::-1], buffer.shape[::-1])):
+            return False
+    return True
+
+
+_COMPILED = {}
+
+
+def _compiled(steps):
+    # Look the kernels up once per fused node, not on every run.
+    hit = _COMPILED.get(id(steps))
+    if hit is None or hit[0] is not steps:
+        plan = [(OPS[st["op"]].forward, st.get("attrs") or {}, [(kind == "step", k) for kind, k in st["args"]],
+                 st["op"] != "step") for st in steps]
+        hit = _COMPILED[id(steps)] = (steps, plan)
+    return hit[1]
+
+
 def _fused_kernel(*inputs, steps):
-    """Run a chain of elementwise steps in one go, writing into buffers this node made itself.
+    """Run a tree of elementwise steps in one go, writing into buffers this node made itself.
 
     A step is {"op", "attrs", "args"} with args ["in", k] (input k) or ["step", j] (step j's result).
-    Every step's result is read once, so the next step may overwrite it (NumPy's `out=`).
+    Every step's result is read once, by a later step, so that step may overwrite it (NumPy's `out=`):
+    one array is allocated for the whole chain instead of one per operation.
     """
-    results, owned = [], []
-    for st in steps:
-        args = [inputs[k] if kind == "in" else results[k] for kind, k in st["args"]]
+    results = []
+    for forward, attrs, spec, may_reuse in _compiled(steps):
+        args = [results[k] if from_step else inputs[k] for from_step, k in spec]
         out = None
-        if st["op"] != "step":
-            for (kind, k), arr in zip(st["args"], args):
-                if kind == "step" and owned[k] and arr.shape == np.broadcast_shapes(*(np.shape(a) for a in args)) \
-                        and arr.dtype == np.result_type(*args):
+        if may_reuse:
+            for (from_step, _), arr in zip(spec, args):
+                if from_step and isinstance(arr, np.ndarray) and arr.ndim and _fits_in(arr, args):
                     out = arr
                     break
-        r = OPS[st["op"]].forward(*args, out=out, **st.get("attrs", {})) if out is not None \
-            else OPS[st["op"]].forward(*args, **st.get("attrs", {}))
-        results.append(r)
-        owned.append(isinstance(r, np.ndarray) and r.ndim > 0)
+        results.append(forward(*args, out=out, **attrs) if out is not None else forward(*args, **attrs))
     return results[-1]
 
 

@@ -302,10 +302,10 @@ class Tensor:
                 a2 = a[None, :] if a.ndim == 1 else a
                 b2 = b[:, None] if b.ndim == 1 else b
                 g2 = g
+                if b.ndim == 1:  # first: for vector @ vector, g is 0-d and needs its column axis first
+                    g2 = np.expand_dims(g2, -1)
                 if a.ndim == 1:
                     g2 = np.expand_dims(g2, -2)
-                if b.ndim == 1:
-                    g2 = np.expand_dims(g2, -1)
                 if self.requires_grad:
                     ga = g2 @ np.swapaxes(b2, -1, -2)
                     if a.ndim == 1:

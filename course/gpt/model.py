@@ -1,0 +1,301 @@
+"""The GPT of lesson 4.3, on the course's own Tensor: minGPT's architecture, names and initialisation.
+
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    model = GPT(config, seed=0)
+    logits, loss = model(idx, targets)               # idx, targets: integer arrays (B, T)
+    out = model.generate(idx, 100, temperature=0.8, top_k=10, seed=0)
+
+A GPT turns T token ids into T predictions of the next token. Each token becomes a vector (its
+embedding plus the embedding of its position); `n_layer` blocks then let every position gather
+information from the positions before it (attention) and think about it alone (an MLP); a final
+linear layer reads a score for every token of the vocabulary off each position.
+
+Parameter names are minGPT's (`transformer.h.0.attn.c_attn.weight`, ...), so a minGPT state_dict
+saved as NumPy arrays loads here by name, and the other way round.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import nn
+from ..tensor import Tensor, no_grad
+from ..tensor import functional as F
+
+__all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "MLP", "KVCache"]
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int  # the longest sequence the model reads (the number of position embeddings)
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"GPTConfig: {name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd={self.n_embd} must be a multiple of n_head={self.n_head} "
+                             f"(each head gets n_embd // n_head channels)")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class KVCache:
+    """The keys and values every layer has computed so far, for generation one token at a time.
+
+    Without it, each new token reruns the model over the whole sequence, although the keys and
+    values of the earlier positions never change (attention is causal: a position never looks
+    forward). With it, each step computes q, k, v for the new token only, stores its k and v,
+    and attends over everything stored. Buffers hold `max_len` positions so an update is a copy
+    into place rather than a growing concatenation.
+    """
+
+    def __init__(self, n_layer, batch, n_head, max_len, head_dim, dtype=np.float32):
+        shape = (batch, n_head, max_len, head_dim)
+        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(n_layer)]
+        self.values = [np.zeros(shape, dtype=dtype) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.length = 0  # positions stored (in every layer) before the current step
+
+    def update(self, layer, k, v):
+        """Store the new k, v (B, H, T_new, D) of `layer` after the earlier ones; return all of them."""
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KVCache: {end} positions do not fit in a cache of {self.max_len}")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: each position mixes the values of the positions up to it.
+
+    One linear layer `c_attn` computes queries, keys and values for all heads at once (one big
+    matrix product instead of 3 * n_head small ones); `c_proj` mixes the heads' outputs back.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cache=None, layer=0):
+        B, T, C = x.shape
+        H = self.n_head
+        # c_attn's weight stacks the query, key and value matrices (C rows each). Applying the three
+        # row blocks one by one equals applying c_attn and cutting its output in three, and its
+        # backward needs no zero-padded gradient for the (B, T, 3C) output.
+        W, b = self.c_attn.weight, self.c_attn.bias
+        q, k, v = (F.linear(x, W[i * C:(i + 1) * C], b[i * C:(i + 1) * C])
+                   .reshape(B, T, H, C // H).transpose(0, 2, 1, 3)  # (B, H, T, D): H heads of D = C / H
+                   for i in range(3))
+        if cache is not None:  # generation: attend over the stored keys and values too
+            k, v = (Tensor(a) for a in cache.update(layer, k.data, v.data))
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # put the heads side by side again
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position by position: widen to 4C, GELU, back to C."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """A transformer block, pre-LayerNorm: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+
+    The residual stream x passes through untouched; each sublayer only adds to it. Normalising
+    the sublayer's input (not the sum, as the original transformer did) keeps a clean identity
+    path from the loss to the embeddings, so deep stacks train without careful warm-up.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    """The body of the GPT (minGPT's `transformer` dict): embeddings, blocks, final LayerNorm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd)
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer language model (minGPT's GPT), trained on the course's Tensor."""
+
+    def __init__(self, config, seed=0):
+        super().__init__()
+        self.config = config
+        self.transformer = Transformer(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.init_weights(seed)
+
+    def init_weights(self, seed=0):
+        """minGPT's initialisation, from its own generator: the same seed gives the same model.
+
+        Weights are normal with std 0.02; biases zero; LayerNorms the identity (weight 1, bias 0).
+        The projections that write into the residual stream (`c_proj`) get std 0.02 / sqrt(2 n_layer):
+        2 n_layer of them add up on the stream, and this keeps the sum's variance near one layer's.
+        """
+        rng = np.random.default_rng(seed)
+        proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if ".ln_" in name or name.startswith("transformer.ln_f"):
+                p.data = (np.ones if name.endswith("weight") else np.zeros)(p.shape, dtype=np.float32)
+            elif name.endswith("bias"):
+                p.data = np.zeros(p.shape, dtype=np.float32)
+            else:
+                std = proj_std if name.endswith("c_proj.weight") else 0.02
+                p.data = rng.normal(0.0, std, p.shape).astype(np.float32)
+        return self
+
+    def astype(self, dtype):
+        """Cast every parameter to `dtype` (float64 for gradient checks); returns the model."""
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+        return self
+
+    # ----- the forward pass --------------------------------------------------------------------
+    def _check_idx(self, idx, start=0, check_length=True):
+        idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+        if idx.ndim != 2:
+            raise ValueError(f"GPT: idx must be a 2-D array of token ids (batch, time), got shape {idx.shape}")
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"GPT: token ids must be integers, got dtype {idx.dtype}")
+        T = idx.shape[1]
+        if check_length and start + T > self.config.block_size:
+            what = f"a sequence of length {T}" if not start else f"{start} cached + {T} new positions"
+            raise ValueError(f"GPT: {what} is longer than block_size {self.config.block_size}: "
+                             f"crop it to the last {self.config.block_size} tokens")
+        V = self.config.vocab_size
+        bad = (idx < 0) | (idx >= V)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"GPT: token id {idx[where]} at position {where} is out of range for "
+                             f"vocab_size {V} (ids go from 0 to {V - 1})")
+        return idx.astype(np.int64, copy=False)
+
+    def hidden(self, idx, cache=None):
+        """The final hidden states (B, T, C): everything but the lm_head."""
+        start = cache.length if cache is not None else 0
+        idx = self._check_idx(idx, start)
+        t = self.transformer
+        pos = np.arange(start, start + idx.shape[1])
+        x = t.drop(t.wte(idx) + t.wpe(pos))  # (B, T, C) + (T, C): each position adds its own vector
+        for i, block in enumerate(t.h):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.length += idx.shape[1]
+        return t.ln_f(x)
+
+    def forward(self, idx, targets=None):
+        """Logits (B, T, vocab_size) for the next token at every position, and the mean cross-entropy
+        against `targets` (B, T) when given (targets equal to -1 are ignored, as in minGPT)."""
+        logits = self.lm_head(self.hidden(idx))
+        loss = None
+        if targets is not None:
+            t = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+            if t.shape != logits.shape[:2]:
+                raise ValueError(f"GPT: targets of shape {t.shape} must match idx of shape {logits.shape[:2]}")
+            loss = F.cross_entropy(logits, t, ignore_index=-1)
+        return logits, loss
+
+    # ----- generation ---------------------------------------------------------------------------
+    def new_cache(self, batch):
+        c = self.config
+        dtype = self.lm_head.weight.dtype
+        return KVCache(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, dtype)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, do_sample=True,
+                 use_cache=True, seed=None, rng=None):
+        """Extend `idx` (B, T) by `max_new_tokens` tokens, each drawn from the model's prediction.
+
+        temperature divides the logits (below 1: bolder, above 1: more random); top_k keeps only
+        the k likeliest tokens; do_sample=False picks the likeliest token (greedy). Random draws
+        come from `rng`, or a generator seeded with `seed`. With use_cache, keys and values are
+        kept (see KVCache) and only the new token runs through the model; the tokens are the same
+        as without the cache. Once the sequence is longer than block_size, the model reads only
+        the last block_size tokens, with positions 0..block_size-1 again: the stored keys carry
+        the old positions, so from then on the cache is refilled from the cropped window each step.
+        """
+        if do_sample and not temperature > 0:
+            raise ValueError(f"generate: temperature must be positive, got {temperature} "
+                             f"(use do_sample=False for the likeliest token)")
+        idx = self._check_idx(np.atleast_2d(np.asarray(idx)), check_length=False)
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        block = self.config.block_size
+        was_training = self.training
+        self.eval()
+        cache = None
+        try:
+            with no_grad():
+                for _ in range(max_new_tokens):
+                    if not use_cache:
+                        h = self.hidden(idx[:, -block:])
+                    elif cache is None or cache.length >= block:
+                        cache = self.new_cache(len(idx))  # (re)fill from the last block_size tokens
+                        h = self.hidden(idx[:, -block:], cache)
+                    else:
+                        h = self.hidden(idx[:, -1:], cache)  # only the newest token
+                    logits = self.lm_head(h[:, -1, :]).data  # (B, vocab): the last position only
+                    nxt = sample_next(logits, temperature, top_k, do_sample, rng)
+                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+
+def top_k_filter(logits, k):
+    """Set every logit below the k-th largest of its row to -inf (ties with it are kept)."""
+    if k is None or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def sample_next(logits, temperature=1.0, top_k=None, do_sample=True, rng=None):
+    """One token id per row of `logits` (B, vocab): the likeliest, or drawn from softmax(logits / T)."""
+    logits = np.asarray(logits, dtype=np.float64)  # float64: the draw does not depend on rounding
+    if not do_sample:
+        return logits.argmax(axis=-1)
+    logits = top_k_filter(logits / temperature, top_k)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    # Inverse-CDF sampling: the first token whose cumulative probability passes a uniform draw.
+    u = rng.random((len(probs), 1))
+    picked = (np.cumsum(probs, axis=-1) < u).sum(axis=-1)
+    return np.minimum(picked, probs.shape[-1] - 1)

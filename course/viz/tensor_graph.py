@@ -1,0 +1,82 @@
+"""Walking a course.tensor graph for `course.viz.draw_graph`.
+
+Each tensor is a box with its label (if it has one), shape and dtype; its values and gradient are
+shown only when it is small (a drawing of a 64x64 matrix would be unreadable). Each operation is a
+small ellipse between its inputs and its result. Nodes are named t0, t1, ... and op0, op1, ... in
+the order of a fixed walk from the root, never by id(), so one graph gives one DOT text on every run.
+"""
+
+import numpy as np
+
+__all__ = ["build"]
+
+
+def _walk(root):
+    """Every tensor the root depends on, inputs before results, found with a loop (no recursion:
+    a graph may be 100,000 operations deep). Parents are visited in operand order."""
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for parent in reversed(node._parents):  # reversed: the first operand is walked first
+            if id(parent) not in seen:
+                stack.append((parent, False))
+    return order
+
+
+def _values(array, max_values):
+    flat = np.asarray(array).ravel()
+    if flat.size == 0 or flat.size > max_values:
+        return None
+    body = ", ".join(f"{v:.4g}" for v in flat.tolist())
+    return body if flat.size == 1 else f"[{body}]"
+
+
+def _label(t, show_values, max_values):
+    lines = []
+    if t.label:
+        lines.append(t.label)
+    lines.append(f"{tuple(t.shape)} {t.dtype}")
+    if show_values:
+        data = _values(t.data, max_values)
+        if data is not None:
+            lines.append(f"data {data}")
+        if t.grad is not None:
+            grad = _values(t.grad, max_values)
+            if grad is not None:
+                lines.append(f"grad {grad}")
+    return "\\n".join(lines)
+
+
+def build(root, digraph, show_values=True, max_values=4, max_nodes=500):
+    """Add the graph that produced `root` to `digraph`; return (digraph, number of tensor nodes).
+
+    show_values: print data (and grad, once computed) of tensors with at most `max_values` elements.
+    max_nodes: refuse to draw bigger graphs (graphviz would take minutes), with a clear error.
+    """
+    order = _walk(root)
+    if len(order) > max_nodes:
+        raise ValueError(f"draw_graph: the graph has {len(order)} tensors, more than max_nodes={max_nodes}: "
+                         f"draw a smaller piece, or pass a larger max_nodes")
+    names = {}
+    n_ops = 0
+    for i, t in enumerate(order):
+        name = f"t{i}"
+        names[id(t)] = name
+        style = {"style": "filled", "fillcolor": "#dde8f8"} if t.requires_grad and not t._parents else {}
+        digraph.node(name, _label(t, show_values, max_values), shape="box", **style)
+        if t._parents:
+            op = f"op{n_ops}"
+            n_ops += 1
+            digraph.node(op, t._op or "?", shape="ellipse", fontsize="10")
+            for parent in t._parents:
+                digraph.edge(names[id(parent)], op)
+            digraph.edge(op, name)
+    return digraph, len(order)

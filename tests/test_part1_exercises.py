@@ -1,0 +1,151 @@
+"""Each part-1 exercise: a stub is "not attempted", a wrong answer "failed" naming the input, a right one "passed"."""
+
+import math
+
+import pytest
+
+from course.exercises import check
+
+pytestmark = pytest.mark.part1
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ---- right answers ----
+
+def numerical_derivative(f, x, h=1e-6):
+    return (f(x + h) - f(x - h)) / (2 * h)
+
+
+def numerical_gradient(f, xs, h=1e-6):
+    grads = []
+    for i in range(len(xs)):
+        up, down = list(xs), list(xs)
+        up[i] += h
+        down[i] -= h
+        grads.append((f(up) - f(down)) / (2 * h))
+    return grads
+
+
+def derivative_of_composition(df, g, dg):
+    return lambda x: df(g(x)) * dg(x)
+
+
+def dL_dx(x):
+    t = math.tanh(2 * x - 1)
+    return 2 * t * (1 - t * t) * 2
+
+
+def exp_backward(x, out_grad):
+    return math.exp(x) * out_grad
+
+
+def pow_backward(a, b, out_grad):
+    return b * a ** (b - 1) * out_grad, a ** b * math.log(a) * out_grad
+
+
+def tanh_from_exp(x):
+    e = (2 * x).exp()
+    return (e - 1) / (e + 1)
+
+
+def topological_order(root):
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in node._prev)
+    return order
+
+
+def hinge_loss(scores, labels):
+    return sum((1 - y * s).relu() for s, y in zip(scores, labels)) * (1 / len(scores))
+
+
+def accuracy(scores, labels):
+    return sum((s.data > 0) == (y > 0) for s, y in zip(scores, labels)) / len(labels)
+
+
+def l2_penalty(params, alpha):
+    return alpha * sum(p * p for p in params)
+
+
+def sgd_step(params, lr):
+    for p in params:
+        p.data -= lr * p.grad
+
+
+def mse_loss(preds, targets):
+    return sum((p - t) ** 2 for p, t in zip(preds, targets)) * (1 / len(preds))
+
+
+# ---- wrong answers (each a typical mistake) ----
+
+def forward_difference(f, x, h=1e-6):
+    return (f(x + h) - f(x)) / h
+
+
+def recursive_order(root):
+    order, seen = [], set()
+
+    def visit(v):
+        if id(v) not in seen:
+            seen.add(id(v))
+            for c in v._prev:
+                visit(c)
+            order.append(v)
+
+    visit(root)
+    return order
+
+
+RIGHT_WRONG = {
+    "1.1.1": (numerical_derivative, forward_difference, "t**3 at x="),
+    "1.1.2": (numerical_gradient, lambda f, xs, h=1e-6: [0.0] * len(xs), "at [1, 2, 3]"),
+    "1.1.3": (derivative_of_composition, lambda df, g, dg: (lambda x: df(x) * dg(x)), "at x="),
+    "1.1.4": (dL_dx, lambda x: 2 * math.tanh(2 * x - 1) * (1 - math.tanh(2 * x - 1) ** 2), "at x="),
+    "1.2.1": (exp_backward, lambda x, g: math.exp(x), "out_grad="),
+    "1.2.2": (pow_backward, lambda a, b, g: (b * a ** (b - 1) * g, a ** b * g), "a=2, b=3"),
+    "1.2.3": (tanh_from_exp, lambda x: x.tanh(), "x = Value("),
+    "1.2.4": (topological_order, recursive_order, "a chain of 20,000"),
+    "1.3.1": (hinge_loss, lambda s, y: sum((1 - yi * si).relu() for si, yi in zip(s, y)), "scores ["),
+    "1.3.2": (accuracy, lambda s, y: sum(si.data > 0 for si in s) / len(y), "scores ["),
+    "1.3.3": (l2_penalty, lambda ps, a: a * sum(abs(p.data) for p in ps), "params ["),
+    "1.3.4": (sgd_step, lambda ps, lr: [setattr(p, "data", p.data + lr * p.grad) for p in ps], "params ["),
+    "1.3.5": (mse_loss, lambda p, t: sum((pi - ti) ** 2 for pi, ti in zip(p, t)), "predictions ["),
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT_WRONG))
+def test_stub_is_not_attempted(exercise_id, capsys):
+    result = check(exercise_id, stub)
+    assert result.status == "not attempted"
+    assert "not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT_WRONG))
+def test_right_answer_passes(exercise_id):
+    result = check(exercise_id, RIGHT_WRONG[exercise_id][0])
+    assert result.status == "passed", result.message
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT_WRONG))
+def test_wrong_answer_fails_naming_the_input(exercise_id):
+    _, wrong, names = RIGHT_WRONG[exercise_id]
+    result = check(exercise_id, wrong)
+    assert result.status == "failed"
+    assert result.message.startswith(f"[{exercise_id}] failed:")
+    assert names in result.message, result.message
+    assert "Hint:" in result.message
+
+
+def test_every_part1_exercise_is_tested_here():
+    from course.exercises import registered_ids
+
+    assert sorted(i for i in registered_ids() if i.startswith("1.")) == sorted(RIGHT_WRONG)
