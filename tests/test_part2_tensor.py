@@ -653,3 +653,41 @@ def test_linear(data):
 def test_linear_error_names_both_shapes():
     with pytest.raises(ValueError, match=r"linear.*\(2, 3\).*\(4, 5\)"):
         F.linear(Tensor(np.ones((2, 3))), Tensor(np.ones((4, 5))))
+
+
+# ----- drawing the graph -------------------------------------------------------------------------
+
+
+def _graph_source():
+    x = Tensor(np.array([1.0, -2.0]), requires_grad=True, label="x")
+    w = Tensor(np.ones((2, 3)), requires_grad=True, label="w")
+    y = ((x @ w).relu() + x.sum()).mean()
+    y.backward()
+    from course.viz import draw_graph
+
+    return draw_graph(y)
+
+
+def test_draw_graph_of_a_tensor_is_deterministic():
+    first, second = _graph_source(), _graph_source()
+    assert first.source == second.source
+    assert first.n_nodes == 7  # tensors: x, w, x @ w, relu, x.sum(), +, mean
+    src = first.source
+    assert "0x" not in src  # no addresses
+    assert 't0 [label="x\\n(2,) float64\\ndata [1, -2]' in src  # small tensors show data and grad
+    assert "(2, 3) float64" in src and "data [1, 1" not in src  # a 6-element tensor shows no values
+    for op in ("@", "relu", "sum", "mean"):
+        assert op in src
+
+
+def test_draw_graph_refuses_huge_graphs_clearly():
+    from course.viz import tensor_graph
+    from course.viz.graphs import new_digraph
+
+    y = Tensor(np.ones(1), requires_grad=True)
+    for _ in range(20):
+        y = y * 2.0
+    with pytest.raises(ValueError, match="max_nodes"):
+        tensor_graph.build(y, new_digraph(), max_nodes=10)
+    _, n = tensor_graph.build(y, new_digraph())
+    assert n == 41  # the leaf, 20 constants 2.0 and 20 products
