@@ -1,0 +1,153 @@
+"""The checks of lessons 4.3 and 4.4: a stub is not attempted, a wrong answer fails naming the input,
+a right answer passes."""
+
+import math
+
+import numpy as np
+import pytest
+
+from course.exercises import check
+
+pytestmark = pytest.mark.part4
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ---- right answers ---------------------------------------------------------------------------
+
+
+def count_parameters(vocab_size, block_size, n_layer, n_embd):
+    C = n_embd
+    return vocab_size * C + block_size * C + n_layer * (12 * C * C + 13 * C) + 2 * C + C * vocab_size
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) * weight + bias
+
+
+def block(x, ln_1, attn, ln_2, mlp):
+    x = x + attn(ln_1(x))
+    return x + mlp(ln_2(x))
+
+
+def cross_entropy(logits, targets, ignore_index=-1):
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    keep = targets != ignore_index
+    picked = np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+    return -(picked[keep]).mean()
+
+
+def windows(data, starts, block_size):
+    idx = starts[:, None] + np.arange(block_size)
+    return data[idx], data[idx + 1]
+
+
+def top_k(logits, k):
+    kth = np.sort(logits, -1)[..., -k, None]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+def temperature_probs(logits, temperature):
+    z = logits / temperature
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def cache_update(cache_k, cache_v, length, k_new, v_new):
+    end = length + k_new.shape[2]
+    cache_k[:, :, length:end] = k_new
+    cache_v[:, :, length:end] = v_new
+    return cache_k[:, :, :end], cache_v[:, :, :end]
+
+
+def lr_at(step, warmup, total, max_lr, min_lr):
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / (total - warmup)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ---- wrong answers, each a mistake a learner could make ------------------------------------------
+
+
+def count_forgets_biases(vocab_size, block_size, n_layer, n_embd):
+    C = n_embd
+    return vocab_size * C + block_size * C + n_layer * 12 * C * C + C * vocab_size
+
+
+def layer_norm_unbiased(x, weight, bias, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(x.var(-1, ddof=1, keepdims=True) + eps) * weight + bias
+
+
+def block_post_ln(x, ln_1, attn, ln_2, mlp):
+    x = ln_1(x + attn(x))
+    return ln_2(x + mlp(x))
+
+
+def cross_entropy_mean_over_all(logits, targets, ignore_index=-1):
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    keep = targets != ignore_index
+    picked = np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+    return -(picked * keep).mean()
+
+
+def windows_unshifted(data, starts, block_size):
+    idx = starts[:, None] + np.arange(block_size)
+    return data[idx], data[idx]
+
+
+def top_k_off_by_one(logits, k):
+    kth = np.sort(logits, -1)[..., -k, None]
+    return np.where(logits <= kth, -np.inf, logits)
+
+
+def temperature_multiplies(logits, temperature):
+    return temperature_probs(logits * temperature, 1.0)
+
+
+def cache_update_copies(cache_k, cache_v, length, k_new, v_new):
+    k = np.concatenate([cache_k[:, :, :length], k_new], axis=2)
+    v = np.concatenate([cache_v[:, :, :length], v_new], axis=2)
+    return k, v
+
+
+def lr_no_warmup(step, warmup, total, max_lr, min_lr):
+    return lr_at(max(step, warmup), warmup, total, max_lr, min_lr)
+
+
+CASES = [
+    ("4.3.1", count_parameters, count_forgets_biases, "vocab_size=65"),
+    ("4.3.2", layer_norm, layer_norm_unbiased, "x=[[1, 2, 3, 4]]"),
+    ("4.3.3", block, block_post_ln, "post-LayerNorm"),
+    ("4.3.4", cross_entropy, cross_entropy_mean_over_all, "targets [[0, -1]]"),
+    ("4.4.1", windows, windows_unshifted, "starts=[0]"),
+    ("4.4.2", top_k, top_k_off_by_one, "k=2"),
+    ("4.4.3", temperature_probs, temperature_multiplies, "temperature=0.5"),
+    ("4.4.4", cache_update, cache_update_copies, "write into it in place"),
+    ("4.4.5", lr_at, lr_no_warmup, "step=0, warmup=10"),
+]
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES, ids=[c[0] for c in CASES])
+def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
+    assert check(exercise_id, stub).status == "not attempted"
+    failed = check(exercise_id, wrong)
+    assert failed.status == "failed"
+    assert named in failed.message
+    assert check(exercise_id, right).status == "passed"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
+
+
+def test_a_crash_names_the_input():
+    def broken(logits, k):
+        raise IndexError("boom")
+    result = check("4.4.2", broken)
+    assert result.status == "failed" and "IndexError: boom" in result.message and "logits=" in result.message
