@@ -119,6 +119,8 @@ def execute(path, timeout=600):
         if not cell.metadata["tags"]:
             del cell.metadata["tags"]
     for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = _merge_streams(cell.outputs)
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 # The traceback names files on this machine; the error itself is the lesson.
@@ -126,6 +128,20 @@ def execute(path, timeout=600):
     nb.metadata.pop("widgets", None)
     nb.metadata["language_info"] = {"name": "python"}  # the version would differ between machines
     nbformat.write(nb, str(path))
+
+
+def _merge_streams(outputs):
+    """Join consecutive prints to the same stream: the kernel may split one print in two, and
+    the saved file should not change when the text does not."""
+    merged = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (prev is not None and out.get("output_type") == "stream" and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 def cmd_notebooks(paths):

@@ -14,6 +14,14 @@ def _shape_str(a):
     return f"shape {tuple(np.shape(a))}"
 
 
+def _unpack(got, names, on):
+    """Accept a tuple or a list of len(names) results (a learner may return either)."""
+    expect(isinstance(got, (tuple, list)) and len(got) == len(names),
+           f"return ({', '.join(names)}), got {type(got).__name__}"
+           f"{f' of length {len(got)}' if isinstance(got, (tuple, list)) else ''} on {on}")
+    return tuple(got)
+
+
 # ----- 2.1 from scalars to arrays ------------------------------------------------------------------
 
 
@@ -67,8 +75,7 @@ def _(candidate, rng):
         A, B = rng.normal(size=a_shape), rng.normal(size=b_shape)
         G = rng.normal(size=(A @ B).shape)
         on = f"A of shape {a_shape}, B of shape {b_shape}"
-        got = call(candidate, A.copy(), B.copy(), G.copy(), on=on)
-        expect(isinstance(got, tuple) and len(got) == 2, f"return a pair (dA, dB), got {type(got).__name__} on {on}")
+        got = _unpack(call(candidate, A.copy(), B.copy(), G.copy(), on=on), ("dA", "dB"), on)
         expect_close(got[0], G @ np.swapaxes(B, -1, -2), on=on, what="dA")
         expect_close(got[1], np.swapaxes(A, -1, -2) @ G, on=on, what="dB")
 
@@ -87,8 +94,8 @@ def _(candidate, rng):
         ep, ev = p0.copy(), np.zeros_like(p0)
         for t, g in enumerate(grads, 1):
             on = f"step {t} with lr={lr}, momentum={momentum}, p of {_shape_str(p0)}"
-            got = call(candidate, p.copy(), g.copy(), v.copy(), lr, momentum, on=on)
-            expect(isinstance(got, tuple) and len(got) == 2, f"return (new_p, new_velocity) on {on}")
+            got = _unpack(call(candidate, p.copy(), g.copy(), v.copy(), lr, momentum, on=on),
+                          ("new_p", "new_velocity"), on)
             ev = momentum * ev + g
             ep = ep - lr * ev
             expect_close(got[1], ev, on=on, what="velocity")
@@ -106,8 +113,8 @@ def _(candidate, rng):
         ep, em, ev = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
         for t, g in enumerate(grads, 1):
             on = f"step t={t} with lr={lr}, betas=({b1}, {b2}), eps={eps}, p of {_shape_str(p0)}"
-            got = call(candidate, p.copy(), g.copy(), m.copy(), v.copy(), t, lr, b1, b2, eps, on=on)
-            expect(isinstance(got, tuple) and len(got) == 3, f"return (new_p, new_m, new_v) on {on}")
+            got = _unpack(call(candidate, p.copy(), g.copy(), m.copy(), v.copy(), t, lr, b1, b2, eps, on=on),
+                          ("new_p", "new_m", "new_v"), on)
             em = b1 * em + (1 - b1) * g
             ev = b2 * ev + (1 - b2) * g * g
             ep = ep - lr * (em / (1 - b1 ** t)) / (np.sqrt(ev / (1 - b2 ** t)) + eps)
@@ -126,13 +133,16 @@ def _(candidate, rng):
              ([rng.normal(size=(2, 2)) * 0.01], 10.0)]
     for grads, max_norm in cases:
         on = f"gradients of shapes {[g.shape for g in grads]} with max_norm={max_norm}"
-        got = call(candidate, [g.copy() for g in grads], max_norm, on=on)
-        expect(isinstance(got, tuple) and len(got) == 2, f"return (clipped_grads, total_norm) on {on}")
+        clipped, total = _unpack(call(candidate, [g.copy() for g in grads], max_norm, on=on),
+                                 ("clipped", "total_norm"), on)
         norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
-        expect_close(got[1], norm, on=on, what="total norm")
+        expect_close(total, norm, on=on, what="total norm")
         scale = min(1.0, max_norm / norm)
-        expect(len(got[0]) == len(grads), f"expected {len(grads)} clipped gradients, got {len(got[0])} on {on}")
-        for i, (c, g) in enumerate(zip(got[0], grads)):
+        expect(isinstance(clipped, (list, tuple)) or hasattr(clipped, "__iter__"),
+               f"return the clipped gradients as a list, got {type(clipped).__name__} on {on}")
+        clipped = list(clipped)  # a generator is fine too
+        expect(len(clipped) == len(grads), f"expected {len(grads)} clipped gradients, got {len(clipped)} on {on}")
+        for i, (c, g) in enumerate(zip(clipped, grads)):
             expect_close(c, g * scale, on=on, what=f"clipped gradient {i}", rtol=1e-5, atol=1e-9)
 
 

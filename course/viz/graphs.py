@@ -72,4 +72,8 @@ def draw_graph(root, rankdir="LR", **options):
         if module == prefix or module.startswith(prefix + "."):
             digraph, n_nodes = importlib.import_module(walker).build(root, new_digraph(rankdir), **options)
             return Drawing(digraph, n_nodes)
+    if all(hasattr(root, a) for a in ("_prev", "_op", "data", "grad")):
+        # A Value-like class built in a notebook draws like course.micrograd's Value.
+        digraph, n_nodes = importlib.import_module(WALKERS["course.micrograd"]).build(root, new_digraph(rankdir), **options)
+        return Drawing(digraph, n_nodes)
     raise TypeError(f"draw_graph cannot draw a {type(root).__name__}: give it a Value, a Tensor or a minitf node")

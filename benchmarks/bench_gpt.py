@@ -1,0 +1,167 @@
+"""A GPT training step on the course's Tensor against the same model in PyTorch, and the KV cache.
+
+The model is minGPT's architecture with 4 layers, 4 heads, 128 channels and a vocabulary of 65,
+on 32 sequences of 64 tokens: a step is forward, cross-entropy, backward and an AdamW update
+(weight decay on the Linear weights only, as the trainer does). PyTorch gets the same weights by
+name and runs on the CPU with as many threads as NumPy's BLAS uses (both use every core they
+are given: 2 on the course's reference machine). The two are timed in alternation so that a
+busy machine slows both alike; each time is the best of several steps.
+
+The second row times generating 200 tokens with the KV cache against the same generation
+without it (each step reruns the model over the whole window).
+
+    python -m benchmarks.bench_gpt
+"""
+
+import math
+import os
+import time
+
+import numpy as np
+
+from course import optim
+from course.gpt import GPT, GPTConfig, param_groups
+
+CONFIG = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+BATCH = 32
+REPEAT = 10
+
+
+def numpy_threads():
+    """How many threads NumPy's BLAS runs: the usual environment variables, else every core we may use."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _torch_gpt(torch, c):
+    """minGPT's GPT in PyTorch, written independently of the course's (same parameter names)."""
+    nn, TF = torch.nn, torch.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
+            self.c_proj = nn.Linear(c.n_embd, c.n_embd)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, c.n_head, C // c.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // c.n_head)
+            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+            return self.c_proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c.n_embd), Attention(), nn.LayerNorm(c.n_embd)
+            self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(c.n_embd, 4 * c.n_embd),
+                                          c_proj=nn.Linear(4 * c.n_embd, c.n_embd)))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp.c_proj(TF.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(c.vocab_size, c.n_embd), wpe=nn.Embedding(c.block_size, c.n_embd),
+                h=nn.ModuleList([Block() for _ in range(c.n_layer)]), ln_f=nn.LayerNorm(c.n_embd)))
+            self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+
+        def forward(self, idx, targets):
+            t = self.transformer
+            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
+            for block in t.h:
+                x = block(x)
+            logits = self.lm_head(t.ln_f(x))
+            return TF.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
+
+    return Model()
+
+
+def _course_step(model, opt, x, y):
+    _, loss = model(x, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_training_step():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    y = rng.integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    model = GPT(CONFIG, seed=0)
+    opt = optim.AdamW(param_groups(model, 0.1), lr=1e-3)
+    course_step = lambda: _course_step(model, opt, x, y)  # noqa: E731
+    name = f"GPT train step {CONFIG.n_layer}x{CONFIG.n_embd}, B={BATCH} T={CONFIG.block_size}"
+    try:
+        import torch
+    except ImportError:
+        for _ in range(2):
+            course_step()
+        best = min(_timed(course_step) for _ in range(REPEAT))
+        return {"name": name, "course_s": best, "note": "PyTorch is not installed: no reference"}
+
+    threads = numpy_threads()
+    torch.set_num_threads(threads)
+    ref = _torch_gpt(torch, CONFIG)
+    ref.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
+    linear = {n for n, m in ref.named_modules() if isinstance(m, torch.nn.Linear)}
+    decay = [p for n, p in ref.named_parameters() if n.rsplit(".", 1)[0] in linear and n.endswith("weight")]
+    no_decay = [p for n, p in ref.named_parameters() if not (n.rsplit(".", 1)[0] in linear and n.endswith("weight"))]
+    topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=1e-3)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+    def torch_step():
+        loss = ref(tx, ty)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+
+    for _ in range(2):
+        course_step()
+        torch_step()
+    course, reference = [], []
+    for _ in range(REPEAT):  # alternate, so that other load on the machine slows both alike
+        course.append(_timed(course_step))
+        reference.append(_timed(torch_step))
+    c, r = min(course), min(reference)
+    return {"name": name, "course_s": c, "reference": f"PyTorch {torch.__version__.split('+')[0]} CPU",
+            "reference_s": r, "ratio": c / r, "note": f"{threads} threads each (NumPy's BLAS, torch.set_num_threads)"}
+
+
+def bench_kv_cache(new_tokens=200):
+    model = GPT(CONFIG, seed=0)
+    prompt = np.zeros((1, 1), dtype=np.int64)
+    with_cache = lambda: model.generate(prompt, new_tokens, do_sample=False, use_cache=True)  # noqa: E731
+    without = lambda: model.generate(prompt, new_tokens, do_sample=False, use_cache=False)  # noqa: E731
+    assert np.array_equal(with_cache(), without()), "the KV cache changed the generated tokens"
+    c = min(_timed(with_cache) for _ in range(3))
+    r = min(_timed(without) for _ in range(3))
+    return {"name": f"GPT generate {new_tokens} tokens (block {CONFIG.block_size}), KV cache",
+            "course_s": c, "reference": "no cache", "reference_s": r, "ratio": c / r,
+            "note": f"cache {r / c:.1f}x faster; same tokens"}
+
+
+def run():
+    return [bench_training_step(), bench_kv_cache()]
+
+
+if __name__ == "__main__":
+    for row in run():
+        ref = f"{row['reference']} {row['reference_s'] * 1e3:.1f} ms" if row.get("reference") else "-"
+        ratio = f"{row['ratio']:.2f}" if row.get("ratio") is not None else "-"
+        print(f"{row['name']:<50} {row['course_s'] * 1e3:8.1f} ms   {ref:<30} ratio {ratio}  {row.get('note', '')}")
