@@ -47,7 +47,8 @@ def build(root, digraph, precision=4, max_nodes=500):
                          f"draw a smaller one, or pass max_nodes=... to draw it anyway")
     name = {id(v): f"v{i}" for i, v in enumerate(nodes)}
     for i, v in enumerate(nodes):
-        fields = [_escape(v.label)] if v.label else []
+        label = getattr(v, "label", "")
+        fields = [_escape(label)] if label else []
         fields += [f"data {_number(v.data, precision)}", f"grad {_number(v.grad, precision)}"]
         digraph.node(f"v{i}", label="{ " + " | ".join(fields) + " }", shape="record")
         if v._prev:
