@@ -118,8 +118,8 @@ def clip_grad_norm_(params, max_norm):
 
 
 def warmup_cosine(step, warmup_steps, total_steps, min_ratio=0.0):
-    """The learning-rate multiplier at `step`: linear from 0 to 1 over warmup_steps, then a half
-    cosine from 1 down to min_ratio at total_steps (and min_ratio after)."""
+    """The learning-rate multiplier at `step` (from 0): (step + 1) / warmup_steps during warmup, then
+    half a cosine from 1 at warmup_steps down to min_ratio at total_steps (and min_ratio after)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if step >= total_steps:

@@ -111,6 +111,9 @@ class Tensor:
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
         if isinstance(other, Tensor):
             return other
+        if not np.issubdtype(self.data.dtype, np.floating):
+            # An integer tensor times 0.5 must not truncate 0.5 to 0: let NumPy promote.
+            return Tensor(np.asarray(other))
         return Tensor(np.asarray(other, dtype=self.data.dtype))
 
     def _accumulate(self, g):
