@@ -2,6 +2,8 @@
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +74,22 @@ def test_runtime_does_not_import_the_training_machinery():
             imported.update(a.name for a in node.names)
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
-    for name in ("gradients", "train", "session", "compiler", "graph"):
+    for name in ("autodiff", "gradients", "train", "session", "compiler", "graph"):
         assert not any(name in m for m in imported), name
+
+
+def test_serving_a_saved_graph_loads_no_training_module(tmp_path):
+    # Not only the source of runtime.py: a fresh interpreter that serves a saved graph never
+    # loads the gradients, the optimizer, the Session or the compiler.
+    tf.save(tf.eliminate_dead_code(trained_graph(), ["probs"]), tmp_path / "m")
+    code = ("import sys, numpy as np\n"
+            "from course.minitf.runtime import InferenceSession\n"
+            f"InferenceSession({str(tmp_path / 'm')!r}).run('probs', {{'x': np.zeros((3, 2))}})\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('course.minitf'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "course.minitf.runtime" in loaded
+    for training in ("autodiff", "train", "session", "compiler"):
+        assert f"course.minitf.{training}" not in loaded, training
 
 
 def test_runtime_refuses_training_operations(tmp_path):

@@ -159,3 +159,29 @@ def test_an_exception_in_the_learners_code_is_a_failure():
     result = check("4.1.3", broken)
     assert result.status == "failed"
     assert "IndexError" in result.message and "ids=" in result.message
+
+
+# ---- right answers in another form are right too ---------------------------------------------
+
+ALTERNATIVES = [
+    ("4.1.1", lambda text: list(build_char_vocab(text))),             # [stoi, itos] instead of a tuple
+    ("4.1.1", lambda text: (build_char_vocab(text)[0], sorted(set(text)))),  # itos as a list
+    ("4.1.3", lambda ids, pair, new_id: tuple(merge(ids, pair, new_id))),
+    ("4.1.3", lambda ids, pair, new_id: np.array(merge(ids, pair, new_id), dtype=np.int64)),
+    ("4.1.4", lambda text, merges: tuple(bpe_encode(text, merges))),
+    ("4.2.1", lambda T: causal_mask(T).tolist()),
+    ("4.2.2", lambda scores, mask: masked_softmax(scores, mask).astype(np.float32)),
+    ("4.2.4", lambda x, n_head: np.stack(np.split(x, n_head, axis=-1), axis=1)),
+]
+
+
+@pytest.mark.parametrize("exercise_id,alternative", ALTERNATIVES)
+def test_right_answers_in_another_form_pass(exercise_id, alternative):
+    result = check(exercise_id, alternative)
+    assert result.status == "passed", result.message
+
+
+def test_returning_output_and_weights_is_named():
+    # The lesson's attention_head returns (output, weights); the exercise wants the output only.
+    result = check("4.2.3", lambda x, w_q, w_k, w_v: (attention_head(x, w_q, w_k, w_v), None))
+    assert result.status == "failed" and "(output, weights)" in result.message, result.message

@@ -5,6 +5,11 @@ import numpy as np
 from course.exercises import CheckFailed, call, exercise, expect, expect_close
 
 
+def _short(value, limit=100):
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _graph_with_waste():
     import course.minitf as tf
 
@@ -35,6 +40,9 @@ def _(candidate, rng):
         except TypeError:
             raise CheckFailed(f"expected a list of nodes on {on}, got {got!r}") from None
         want = tf.topological_order([fetch])
+        strays = [item for item in got if not isinstance(item, tf.Node)]
+        expect(not strays, f"expected the nodes themselves, got a {type(strays[0]).__name__ if strays else ''} "
+                           f"({_short(strays[0]) if strays else ''}) in your order on {on}")
         expect(len(got) == len(set(got)), f"a node appears twice in your order on {on}")
         expect(set(got) == set(want), f"expected the nodes {sorted(n.name for n in want)}, "
                                       f"got {sorted(getattr(n, 'name', str(n)) for n in got)} on {on}")
@@ -57,7 +65,11 @@ def _(candidate, rng):
         try:
             x, w, b, p = got
         except (TypeError, ValueError):
-            raise CheckFailed(f"expected the four nodes (x, w, b, p), got {got!r} on {on}") from None
+            raise CheckFailed(f"expected the four nodes (x, w, b, p), got {_short(got)} on {on}") from None
+        expect(all(isinstance(n, tf.Node) for n in (x, w, b, p)), f"expected four nodes, got {_short(got)} on {on}")
+        expect(all(n.graph is g for n in (x, w, b, p)),
+               f"your nodes are not in the default graph on {on}: create them directly with tf.placeholder, "
+               f"tf.Variable, ..., without making a new tf.Graph()")
         expect(x.op == "placeholder", f"x should be a placeholder, got a {x.op} on {on}")
         expect(w.op == "variable" and b.op == "variable", f"w and b should be Variables on {on}")
         expect(tuple(w.shape) == (n_features, 1), f"w should have shape ({n_features}, 1), got {w.shape} on {on}")
@@ -169,7 +181,9 @@ def _(candidate, rng):
         except NotImplementedError:
             raise
         except ValueError as err:
-            expect(str(a) in str(err) and str(b) in str(err),
+            named = [any(form in str(err) for form in (str(s), str(list(s)), str(s).replace(" ", "")))
+                     for s in (a, b)]
+            expect(all(named),
                    f"the error on {on} should name both shapes, it says: {err}")
         except Exception as err:
             raise CheckFailed(f"expected a ValueError on {on}, got {type(err).__name__}: {err}") from None
@@ -177,8 +191,9 @@ def _(candidate, rng):
             raise CheckFailed(f"expected a ValueError on {on} (the inner sizes differ), got no error")
 
 
-@exercise("3.3.2", hint="with compiler.rewrite, return the other input of a 'mul' node whose input is a "
-                        "constant equal to 1 with shape (): the readers of the mul then read that input")
+@exercise("3.3.2", hint="in visit(node, inputs, new), when node.op == 'mul' and one of `inputs` is a "
+                        "constant whose value has shape () and equals 1, return the other one of `inputs` "
+                        "(the new graph's nodes, not node.inputs); otherwise return None")
 def _(candidate, rng):
     import course.minitf as tf
     from course.minitf import compiler

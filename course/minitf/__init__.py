@@ -13,31 +13,50 @@ Modules, in the order of the lessons:
     graph.py        Graph, Node, the default graph, topological_order          (3.1)
     ops.py          each operation: node builder, forward kernel, shape rule, gradient rule
     session.py      Session.run(fetches, feed_dict)                            (3.1)
-    gradients.py    gradients(ys, xs): reverse mode on the graph               (3.2)
+    autodiff.py     gradients(ys, xs): reverse mode on the graph               (3.2)
     train.py        GradientDescentOptimizer(lr).minimize(loss)                (3.2)
     shapes.py       the shape rules; compiler.py the passes                    (3.3)
     serialize.py    save(graph, path), load(path); runtime.py InferenceSession (3.3)
+
+`tf.Graph`, `tf.Session`, ... are looked up in their module on first use (PEP 562's module
+`__getattr__`), not all imported here. That keeps the inference runtime honest: a server that
+does `from course.minitf.runtime import InferenceSession` loads the operations' kernels and the
+file format, and never the gradients, the optimizer, the Session or the compiler.
 """
 
-from . import compiler
-from .compiler import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants,
-                       fuse_elementwise, infer_shapes, optimize)
-from .gradients import gradients
-from .graph import Graph, Node, get_default_graph, reset_default_graph, topological_order
-from .ops import (Variable, add, constant, divide, exp, log, matmul, multiply, negative, placeholder,
-                  pow, reduce_mean, reduce_sum, relu, sigmoid, softmax, square, subtract, tanh, transpose)
-from .runtime import InferenceSession
-from .serialize import load, save
-from .session import Session
-from .train import GradientDescentOptimizer
+import importlib
 
-__all__ = [
-    "Graph", "Node", "get_default_graph", "reset_default_graph", "topological_order",
-    "placeholder", "Variable", "constant",
-    "add", "subtract", "multiply", "divide", "pow", "negative", "matmul", "transpose",
-    "exp", "log", "sigmoid", "relu", "tanh", "softmax", "square", "reduce_sum", "reduce_mean",
-    "Session", "gradients", "GradientDescentOptimizer",
-    "compiler", "infer_shapes", "fold_constants", "eliminate_common_subexpressions",
-    "eliminate_dead_code", "fuse_elementwise", "optimize",
-    "save", "load", "InferenceSession",
-]
+# Each public name, and the module of this package that defines it.
+_WHERE = {
+    "graph": ["Graph", "Node", "get_default_graph", "reset_default_graph", "topological_order"],
+    "ops": ["placeholder", "Variable", "constant", "add", "subtract", "multiply", "divide", "pow",
+            "negative", "matmul", "transpose", "exp", "log", "sigmoid", "relu", "tanh", "softmax",
+            "square", "reduce_sum", "reduce_mean"],
+    "session": ["Session"],
+    "autodiff": ["gradients"],
+    "train": ["GradientDescentOptimizer"],
+    "compiler": ["infer_shapes", "fold_constants", "eliminate_common_subexpressions",
+                 "eliminate_dead_code", "fuse_elementwise", "optimize"],
+    "serialize": ["save", "load"],
+    "runtime": ["InferenceSession"],
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+_SUBMODULES = {"graph", "ops", "session", "autodiff", "train", "shapes", "compiler", "serialize", "runtime"}
+
+__all__ = [name for names in _WHERE.values() for name in names] + ["compiler"]
+
+
+def __getattr__(name):
+    # Called only for names not defined yet: import the module that has it, then remember it.
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _MODULE_OF:
+        value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -3,7 +3,7 @@
 - the function that adds its node to a graph (`exp(x)`, `x + y`, ...),
 - its forward kernel, a NumPy function of the input arrays, run by a Session,
 - its shape rule, run while the graph is built, so shape errors show up at once,
-- its gradient rule, which *adds nodes* for the gradient of each input (used by gradients.py).
+- its gradient rule, which *adds nodes* for the gradient of each input (used by autodiff.py).
 
 A gradient rule is `rule(node, g, needs) -> [node or None per input]`: `g` is the node holding
 dLoss/d(node), and `needs[i]` says whether input i lies on a path to a variable we differentiate

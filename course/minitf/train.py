@@ -4,7 +4,7 @@
 variable and the nodes `w <- w - lr * dloss/dw`; running the returned node takes one step.
 """
 
-from .gradients import gradients
+from .autodiff import gradients
 from .graph import topological_order
 from .ops import assign_sub, group
 

@@ -25,7 +25,8 @@ def plot_losses(curves, ax=None, title=None, xlabel="step", ylabel="loss", logy=
     return ax
 
 
-def plot_decision_boundary(predict, X, y, ax=None, resolution=200, padding=0.5, title=None):
+def plot_decision_boundary(predict, X, y, ax=None, resolution=200, padding=0.5, title=None,
+                           xlabel="$x_1$", ylabel="$x_2$"):
     """Shade the plane by the class `predict` gives each point, and draw the data on top.
 
     `predict` takes an array of points of shape (n, 2) and returns a score per point: a score
@@ -44,6 +45,8 @@ def plot_decision_boundary(predict, X, y, ax=None, resolution=200, padding=0.5, 
     ax.scatter(X[:, 0], X[:, 1], c=y, cmap="bwr_r", edgecolors="k", s=20)
     ax.set_xlim(x_min, x_max)
     ax.set_ylim(y_min, y_max)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     return ax
