@@ -53,8 +53,9 @@ class Value:
         self._op = _op
         # How to pass this Value's grad on to its inputs; leaves have nothing to pass on.
         # It is called as `_backward(out.grad)` rather than reading `out.grad` itself: a closure
-        # that held on to `out` would make a reference cycle per operation, and Python's cycle
-        # collector would then slow a training loop down several times over.
+        # that held on to `out` would make a reference cycle per operation (out -> _backward ->
+        # out), so reference counting could never free a graph; only Python's cycle collector
+        # could, after walking it, and a training loop would run several times slower.
         self._backward = _no_inputs
 
     def __repr__(self):
@@ -108,6 +109,13 @@ class Value:
 
         def _backward(grad):
             # The power rule: d(a**n)/da = n * a**(n - 1), with n a constant.
+            if n == 0:
+                return  # a**0 = 1 whatever a is: no gradient (and 0 * 0**-1 would raise)
+            if base == 0 and n < 1:
+                # A root such as a**0.5 stands vertical at 0: the slope is infinite, where
+                # Python's 0.0 ** -0.5 would raise ZeroDivisionError (PyTorch gives inf too).
+                self.grad += math.inf * grad
+                return
             self.grad += n * base ** (n - 1) * grad
 
         out._backward = _backward

@@ -64,6 +64,27 @@ def topological_order(root):
     return order
 
 
+def kahn_order(root):
+    # Exercise 1.2.4 as the lesson asks: count the uses, emit from the root, reverse.
+    uses, seen, stack = {}, {id(root)}, [root]
+    while stack:
+        node = stack.pop()
+        for c in node._prev:
+            uses[id(c)] = uses.get(id(c), 0) + 1
+            if id(c) not in seen:
+                seen.add(id(c))
+                stack.append(c)
+    order, ready = [], [root]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for c in node._prev:
+            uses[id(c)] -= 1
+            if uses[id(c)] == 0:
+                ready.append(c)
+    return order[::-1]
+
+
 def hinge_loss(scores, labels):
     return sum((1 - y * s).relu() for s, y in zip(scores, labels)) * (1 / len(scores))
 
@@ -113,7 +134,7 @@ RIGHT_WRONG = {
     "1.2.1": (exp_backward, lambda x, g: math.exp(x), "out_grad="),
     "1.2.2": (pow_backward, lambda a, b, g: (b * a ** (b - 1) * g, a ** b * g), "a=2, b=3"),
     "1.2.3": (tanh_from_exp, lambda x: x.tanh(), "x = Value("),
-    "1.2.4": (topological_order, recursive_order, "a chain of 20,000"),
+    "1.2.4": (kahn_order, recursive_order, "a chain of 20,000"),
     "1.3.1": (hinge_loss, lambda s, y: sum((1 - yi * si).relu() for si, yi in zip(s, y)), "scores ["),
     "1.3.2": (accuracy, lambda s, y: sum(si.data > 0 for si in s) / len(y), "scores ["),
     "1.3.3": (l2_penalty, lambda ps, a: a * sum(abs(p.data) for p in ps), "params ["),
@@ -149,3 +170,47 @@ def test_every_part1_exercise_is_tested_here():
     from course.exercises import registered_ids
 
     assert sorted(i for i in registered_ids() if i.startswith("1.")) == sorted(RIGHT_WRONG)
+
+
+# ---- correct alternatives are accepted; typical mistakes get a message that says what is wrong ----
+
+def test_a_depth_first_order_also_passes_1_2_4():
+    assert check("1.2.4", topological_order).status == "passed"
+
+
+def test_pow_backward_may_return_any_pair():
+    np = pytest.importorskip("numpy")
+    assert check("1.2.2", lambda a, b, g: [b * a ** (b - 1) * g, a ** b * math.log(a) * g]).status == "passed"
+    assert check("1.2.2", lambda a, b, g: np.array(pow_backward(a, b, g))).status == "passed"
+
+
+@pytest.mark.parametrize("solution", [
+    lambda x: (x.exp() - (-x).exp()) / (x.exp() + (-x).exp()),
+    lambda x: 2 / (1 + (-2 * x).exp()) - 1,
+    lambda x: 1 - 2 / ((2 * x).exp() + 1),
+])
+def test_other_forms_of_tanh_pass(solution):
+    assert check("1.2.3", solution).status == "passed"
+
+
+def test_tanh_from_exp_names_a_wrong_formula_by_its_value():
+    # tanh(x/2) agrees with tanh(x) at x = 0: the values at every point are checked before gradients.
+    result = check("1.2.3", lambda x: (x.exp() - 1) / (x.exp() + 1))
+    assert result.status == "failed" and "expected value" in result.message, result.message
+
+
+def test_tanh_from_exp_says_when_the_graph_does_not_reach_x():
+    from course.micrograd import Value
+
+    result = check("1.2.3", lambda x: Value(math.tanh(x.data)))
+    assert result.status == "failed" and "not computed from x" in result.message, result.message
+
+
+def test_sgd_step_that_zeroes_the_grads_is_told_so():
+    def step_and_zero(ps, lr):
+        for p in ps:
+            p.data -= lr * p.grad
+            p.grad = 0.0
+
+    result = check("1.3.4", step_and_zero)
+    assert result.status == "failed" and "should not change them" in result.message

@@ -356,3 +356,11 @@ def test_value_graph_escapes_record_characters():
 
     v = Value(1.0, label="a|b{c}")
     assert "a\\|b\\{c\\}" in draw_graph(v).source
+
+
+def test_power_gradient_at_zero_does_not_raise():
+    # a**0 is constant (grad 0); a**0.5 has an infinite slope at 0 (as in PyTorch); a**2 has slope 0.
+    for n, expected in [(0, 0.0), (0.5, math.inf), (1, 1.0), (2, 0.0), (3.0, 0.0)]:
+        a = Value(0.0)
+        (a ** n).backward()
+        assert a.grad == expected, (n, a.grad)

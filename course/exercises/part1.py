@@ -100,7 +100,7 @@ def _(candidate, rng):
     for a, b, g in cases:
         on = f"a={a:.3g}, b={b:.3g}, out_grad={g:.3g}"
         got = call(candidate, a, b, g, on=on)
-        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+        expect(hasattr(got, "__len__") and not isinstance(got, str) and len(got) == 2,
                f"expected a pair (grad_a, grad_b), got {got!r:.80} on {on}")
         expect_close(got[0], b * a ** (b - 1) * g, on=on, rtol=1e-9, what="grad_a")
         expect_close(got[1], a ** b * math.log(a) * g, on=on, rtol=1e-9, what="grad_b")
@@ -113,14 +113,22 @@ def _ops_in(root):
 
 @exercise("1.2.3", hint="tanh(x) = (exp(2x) - 1) / (exp(2x) + 1): use x.exp(), +, -, * and / only")
 def _(candidate, rng):
+    from course.micrograd import topological_order
     Value = _value()
-    for x0 in [0.0, 0.5, -1.0, 2.0, *rng.uniform(-3, 3, size=4)]:
+    points = [0.0, 0.5, -1.0, 2.0, *rng.uniform(-3, 3, size=4)]
+    results = []
+    for x0 in points:  # the values first, at every point: a wrong formula is named as such
         on = f"x = Value({x0:.3g})"
         x = Value(x0)
         y = call(candidate, x, on=on)
         _expect_value(y, on)
         expect("tanh" not in _ops_in(y), f"your expression uses tanh itself on {on}: build it from exp")
         expect_close(y.data, math.tanh(x0), on=on, rtol=1e-9, atol=1e-12, what="value")
+        expect(any(v is x for v in topological_order(y)),
+               f"your result is not computed from x with Value operations on {on} (was it made "
+               f"from x.data?): backward() cannot reach x")
+        results.append((x0, x, y, on))
+    for x0, x, y, on in results:
         y.backward()
         expect_close(x.grad, 1 - math.tanh(x0) ** 2, on=on, rtol=1e-7, atol=1e-12,
                      what="gradient d tanh(x)/dx (after backward)")
@@ -143,8 +151,9 @@ def _check_order(order, root, on):
                    f"an input comes after the Value made from it (op {v._op!r}) on {on}")
 
 
-@exercise("1.2.4", hint="a depth-first search with an explicit stack (no recursion): push (node, False); "
-                        "when popped, push (node, True) then its inputs; emit a node when popped with True")
+@exercise("1.2.4", hint="count the uses of each Value (an input listed twice counts twice); start from the "
+                        "root, emit a Value when its count is 0 and decrease its inputs' counts; no recursion; "
+                        "reverse the list at the end")
 def _(candidate, rng):
     Value = _value()
     a, b = Value(2.0, label="a"), Value(-3.0, label="b")

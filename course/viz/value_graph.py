@@ -1,5 +1,8 @@
 """Drawing the graph of a micrograd `Value` (course.micrograd), for `course.viz.draw_graph`.
 
+It reads only `data`, `grad`, `_op`, `_prev` and, where there is one, `label`: so the Value a
+learner builds in lesson 1.2 draws the same way as course.micrograd's.
+
 Each Value is a record node `label | data | grad`; each operation is a small ellipse between its
 inputs and its output. Nodes are named by their position in a fixed walk of the graph (v0, v1,
 ...; the operation that made v3 is op3), never by id(), so the same graph gives the same DOT
