@@ -2,9 +2,9 @@
 
 from .model import GPT, MLP, Block, CausalSelfAttention, GPTConfig, KVCache, sample_next, top_k_filter
 from .tokenizer import BPETokenizer, CharTokenizer
-from .trainer import Trainer, TrainerConfig, estimate_loss, get_batch, load_checkpoint, param_groups, save_checkpoint
+from .trainer import CHECKPOINTS, Trainer, TrainerConfig, estimate_loss, get_batch, load_checkpoint, param_groups, save_checkpoint
 
 __all__ = ["CharTokenizer", "BPETokenizer",
            "GPTConfig", "GPT", "CausalSelfAttention", "Block", "MLP", "KVCache", "sample_next", "top_k_filter",
-           "Trainer", "TrainerConfig", "get_batch", "param_groups", "estimate_loss", "save_checkpoint",
+           "Trainer", "TrainerConfig", "CHECKPOINTS", "get_batch", "param_groups", "estimate_loss", "save_checkpoint",
            "load_checkpoint"]

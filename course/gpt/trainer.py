@@ -13,6 +13,7 @@ by one are the targets, so every position learns to predict the token after it.
 import json
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +22,10 @@ from ..tensor import functional as F
 from ..tensor import no_grad
 from .model import GPT, GPTConfig
 
-__all__ = ["TrainerConfig", "Trainer", "get_batch", "param_groups", "save_checkpoint", "load_checkpoint",
+# Checkpoints shipped inside the package (made by the scripts in scripts/).
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+
+__all__ = ["CHECKPOINTS", "TrainerConfig", "Trainer", "get_batch", "param_groups", "save_checkpoint", "load_checkpoint",
            "estimate_loss"]
 
 

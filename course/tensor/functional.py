@@ -36,13 +36,28 @@ _GELU_C = float(np.sqrt(2 / np.pi))  # a Python float: a NumPy float64 scalar wo
 def gelu(x):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     d = x.data
-    inner = _GELU_C * (d + 0.044715 * (d * d * d))  # not d ** 3: pow is ~50x slower on negative floats
-    t = np.tanh(inner)
-    out = _result(0.5 * d * (1 + t), (x,), "gelu")
+    d2 = d * d  # not d ** 3 below: pow is ~50x slower on negative floats
+    # In-place steps (out=...) on these large arrays spare a fresh allocation per operation.
+    t = d2 * 0.044715
+    t += 1
+    t *= d
+    t *= _GELU_C
+    t = np.tanh(t)  # tanh(c (x + 0.044715 x^3))
+    y = t + 1
+    y *= d
+    y *= 0.5
+    out = _result(y, (x,), "gelu")
     if out.requires_grad:
         def backward(g):
-            dinner = _GELU_C * (1 + 3 * 0.044715 * d * d)
-            x._accumulate(g * (0.5 * (1 + t) + 0.5 * d * (1 - t * t) * dinner))
+            # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+            slope = d2 * (3 * 0.044715 * _GELU_C)
+            slope += _GELU_C
+            slope *= d
+            slope *= 1 - t * t
+            slope += 1 + t
+            slope *= 0.5
+            slope *= g
+            x._accumulate(slope)
         out._backward = backward
     return out
 
@@ -333,8 +348,11 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
         raise ValueError(f"scaled_dot_product_attention: {t_query} causal queries need at least as "
                          f"many keys, got {t_key}")
     scale = np.asarray(1 / np.sqrt(q.shape[-1]), dtype=q.dtype)
+    # Heads cut from a (B, T, C) array are strided views; BLAS can be many times slower on those
+    # than on a compact copy, and the copies are small next to the (T, T) scores.
+    qd, kd, vd = (np.ascontiguousarray(t.data) for t in (q, k, v))
     # Forward: scores, masked, softmax (in place, to spare copies), weighted sum of values.
-    att = (q.data * scale) @ np.swapaxes(k.data, -1, -2)  # scaling q is cheaper than scaling (T, T)
+    att = (qd * scale) @ np.swapaxes(kd, -1, -2)  # scaling q is cheaper than scaling (T, T)
     if causal and t_query > 1:
         # Adding -inf is one pass over the scores (indexing with a boolean mask is ~20x slower);
         # exp(-inf) = 0, so the future gets no weight.
@@ -346,16 +364,17 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
     if dropout_p and training:
         keep = (_rng.random(att.shape) >= dropout_p).astype(att.dtype) / (1 - dropout_p)
         weights = att * keep
-    out = _result(weights @ v.data, (q, k, v), "attention")
+    out = _result(weights @ vd, (q, k, v), "attention")
     if out.requires_grad:
         from .tensor import unbroadcast
 
         def backward(g):
+            g = np.ascontiguousarray(g)
             if v.requires_grad:  # y = P v  ->  dv = P^T dy
                 v._accumulate(unbroadcast(np.swapaxes(weights, -1, -2) @ g, v.shape))
             if not (q.requires_grad or k.requires_grad):
                 return
-            dp = g @ np.swapaxes(v.data, -1, -2)  # dP = dy v^T
+            dp = g @ np.swapaxes(vd, -1, -2)  # dP = dy v^T
             if weights is not att:
                 dp *= keep
             # Softmax backward, row by row: dS = P * (dP - sum(dP * P)). Masked entries have
@@ -365,8 +384,8 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
             ds *= att
             ds *= scale
             if q.requires_grad:  # S = q k^T * scale  ->  dq = dS k,  dk = dS^T q
-                q._accumulate(unbroadcast(ds @ k.data, q.shape))
+                q._accumulate(unbroadcast(ds @ kd, q.shape))
             if k.requires_grad:
-                k._accumulate(unbroadcast(np.swapaxes(ds, -1, -2) @ q.data, k.shape))
+                k._accumulate(unbroadcast(np.swapaxes(ds, -1, -2) @ qd, k.shape))
         out._backward = backward
     return out
