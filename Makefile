@@ -7,8 +7,10 @@ STAMP  := $(VENV)/.installed
 PARTS  ?= 1
 OUT    ?= assignment
 NB     ?=
-# Tests run on both cores; every notebook keeps to one worker so its cells run in order.
+# Tests run on both cores, one process each (so BLAS gets one thread each); every notebook keeps
+# to one worker so its cells run in order.
 PYTEST_ARGS ?= -n 2 --dist loadfile
+ONE_THREAD  := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab test test-fast notebooks assignment grade bench doctor colab syllabus clean
@@ -28,10 +30,10 @@ lab: setup ## open JupyterLab on the notebooks
 	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: setup ## run every test: unit tests, all notebooks (nbval) and the exercise checks
-	$(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
+	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
 
 test-fast: setup ## only the unit tests of course/
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
 notebooks: setup ## re-execute notebooks in place in a fresh kernel (all, or NB="path ...")
 	$(BIN)/python -m course notebooks $(NB)
