@@ -38,7 +38,7 @@ def main(selected=()):
     print("-" * len(header))
     for r in rows:
         ref = f"{r.get('reference', '')} {fmt_seconds(r.get('reference_s'))}" if r.get("reference") else "-"
-        ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
+        ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "-"
         print(f"{r['name']:<48} {fmt_seconds(r.get('course_s')):>11} {ref:>26} {ratio:>7}  {r.get('note', '')}")
     return rows
 
