@@ -3,32 +3,12 @@
 Each tensor is a box with its label (if it has one), shape and dtype; its values and gradient are
 shown only when it is small (a drawing of a 64x64 matrix would be unreadable). Each operation is a
 small ellipse between its inputs and its result. Nodes are named t0, t1, ... and op0, op1, ... in
-the order of a fixed walk from the root, never by id(), so one graph gives one DOT text on every run.
+the order of the engine's topological walk, never by id(), so one graph gives one DOT text on every run.
 """
 
 import numpy as np
 
 __all__ = ["build"]
-
-
-def _walk(root):
-    """Every tensor the root depends on, inputs before results, found with a loop (no recursion:
-    a graph may be 100,000 operations deep). Parents are visited in operand order."""
-    order, seen = [], set()
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        for parent in reversed(node._parents):  # reversed: the first operand is walked first
-            if id(parent) not in seen:
-                stack.append((parent, False))
-    return order
 
 
 def _values(array, max_values):
@@ -61,7 +41,8 @@ def build(root, digraph, show_values=True, max_values=4, max_nodes=500):
     show_values: print data (and grad, once computed) of tensors with at most `max_values` elements.
     max_nodes: refuse to draw bigger graphs (graphviz would take minutes), with a clear error.
     """
-    order = _walk(root)
+    # The engine's own walk: every tensor the root depends on, inputs first, without recursion.
+    order = root._topological_order()
     if len(order) > max_nodes:
         raise ValueError(f"draw_graph: the graph has {len(order)} tensors, more than max_nodes={max_nodes}: "
                          f"draw a smaller piece, or pass a larger max_nodes")
