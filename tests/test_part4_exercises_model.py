@@ -151,3 +151,68 @@ def test_a_crash_names_the_input():
         raise IndexError("boom")
     result = check("4.4.2", broken)
     assert result.status == "failed" and "IndexError: boom" in result.message and "logits=" in result.message
+
+
+# ---- other right answers must pass, near misses must not ------------------------------------------
+
+
+def layer_norm_float32(x, weight, bias, eps=1e-5):
+    return layer_norm(x.astype(np.float32), weight.astype(np.float32), bias.astype(np.float32), eps)
+
+
+def windows_as_list(data, starts, block_size):
+    return [[data[s:s + block_size].tolist() for s in starts], [data[s + 1:s + 1 + block_size].tolist() for s in starts]]
+
+
+def cache_update_as_list(cache_k, cache_v, length, k_new, v_new):
+    return list(cache_update(cache_k, cache_v, length, k_new, v_new))
+
+
+def temperature_probs_float32(logits, temperature):
+    return temperature_probs(logits.astype(np.float32), np.float32(temperature))
+
+
+def lr_at_float32(step, warmup, total, max_lr, min_lr):
+    return np.float32(lr_at(step, warmup, total, max_lr, min_lr))
+
+
+def top_k_partition(logits, k):
+    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
+    return np.where(logits < kth, -np.inf, logits)
+
+
+@pytest.mark.parametrize("exercise_id,candidate", [
+    ("4.3.1", lambda *a: float(count_parameters(*a))),
+    ("4.3.2", layer_norm_float32),
+    ("4.4.1", windows_as_list),
+    ("4.4.2", top_k_partition),
+    ("4.4.3", temperature_probs_float32),
+    ("4.4.4", cache_update_as_list),
+    ("4.4.5", lr_at_float32),
+], ids=["4.3.1-float", "4.3.2-float32", "4.4.1-lists", "4.4.2-partition", "4.4.3-float32", "4.4.4-list",
+        "4.4.5-float32"])
+def test_other_right_answers_pass(exercise_id, candidate):
+    assert check(exercise_id, candidate).status == "passed"
+
+
+def layer_norm_eps_outside(x, weight, bias, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / (x.std(-1, keepdims=True) + eps) * weight + bias
+
+
+def layer_norm_whole_array(x, weight, bias, eps=1e-5):
+    return (x - x.mean()) / np.sqrt(x.var() + eps) * weight + bias
+
+
+def cache_update_swapped(cache_k, cache_v, length, k_new, v_new):
+    return cache_update(cache_k, cache_v, length, v_new, k_new)
+
+
+@pytest.mark.parametrize("exercise_id,candidate,named", [
+    ("4.3.2", layer_norm_eps_outside, "below eps"),
+    ("4.3.2", layer_norm_whole_array, "each row on its own"),
+    ("4.4.4", cache_update_swapped, "cache_k"),
+], ids=["4.3.2-eps-outside", "4.3.2-whole-array", "4.4.4-swapped"])
+def test_near_misses_fail(exercise_id, candidate, named):
+    result = check(exercise_id, candidate)
+    assert result.status == "failed" and named in result.message

@@ -258,3 +258,23 @@ def test_trainer_lowers_the_loss_and_is_deterministic():
     assert a["val_step"] == [30, 60]
     assert np.mean(a["loss"][-5:]) < 0.5 * np.mean(a["loss"][:5])
     assert a["lr"][0] < a["lr"][5] and a["lr"][-1] < a["lr"][10]
+
+
+def test_progress_bar_is_silent_under_tqdm_disable(monkeypatch, capsys):
+    data = np.tile(np.arange(7), 20)
+    conf = TrainerConfig(max_iters=3, batch_size=2, warmup_iters=1, eval_interval=0, progress=True)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    Trainer(GPT(TINY, seed=0), data, config=conf).run()
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+
+
+def test_checkpoint_unexpected_names_are_named(tmp_path):
+    path = tmp_path / "m.npz"
+    save_checkpoint(path, GPT(TINY, seed=0))
+    arrays = dict(np.load(path))
+    arrays["transformer.extra.weight"] = np.zeros(3)
+    del arrays["lm_head.weight"]
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"missing: lm_head\.weight.*unexpected: transformer\.extra\.weight"):
+        load_checkpoint(path)
