@@ -278,3 +278,21 @@ def test_checkpoint_unexpected_names_are_named(tmp_path):
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=r"missing: lm_head\.weight.*unexpected: transformer\.extra\.weight"):
         load_checkpoint(path)
+
+
+def test_sampling_never_picks_a_token_of_probability_zero():
+    from course.gpt.model import sample_next
+
+    class Draw:  # a generator that returns the extreme draws
+        def __init__(self, value):
+            self.value = value
+
+        def random(self, shape):
+            return np.full(shape, self.value)
+
+    logits = np.array([[-np.inf, 0.0, -np.inf, 1.0, -np.inf]])
+    assert sample_next(logits, rng=Draw(0.0))[0] == 1
+    assert sample_next(logits, rng=Draw(1 - 2 ** -53))[0] == 3
+    counts = np.bincount(sample_next(np.log(np.tile([[0.1, 0.2, 0.7]], (20000, 1))),
+                                     rng=np.random.default_rng(0)), minlength=3) / 20000
+    assert np.allclose(counts, [0.1, 0.2, 0.7], atol=0.015)

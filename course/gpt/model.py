@@ -296,6 +296,9 @@ def sample_next(logits, temperature=1.0, top_k=None, do_sample=True, rng=None):
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     # Inverse-CDF sampling: the first token whose cumulative probability passes a uniform draw.
-    u = rng.random((len(probs), 1))
-    picked = (np.cumsum(probs, axis=-1) < u).sum(axis=-1)
+    # The draw is scaled to the last cumulative value (1 up to rounding), and a token's cumulative
+    # value must strictly pass it, so a token of probability 0 (cut by top-k) is never picked.
+    cdf = np.cumsum(probs, axis=-1)
+    u = rng.random((len(probs), 1)) * cdf[:, -1:]
+    picked = (cdf <= u).sum(axis=-1)
     return np.minimum(picked, probs.shape[-1] - 1)
