@@ -154,7 +154,11 @@ def cmd_notebooks(paths):
     for p in expanded:
         start = time.perf_counter()
         execute(p)
-        print(f"{time.perf_counter() - start:6.1f} s  {p}")
+        try:
+            shown = p.resolve().relative_to(Path.cwd())
+        except ValueError:
+            shown = p
+        print(f"{time.perf_counter() - start:6.1f} s  {shown}")
 
 
 def set_repo(repo):
