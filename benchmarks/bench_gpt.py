@@ -14,7 +14,6 @@ sequence; both give the same tokens (checked).
     python -m benchmarks.bench_gpt
 """
 
-import math
 import os
 import time
 
@@ -22,6 +21,8 @@ import numpy as np
 
 from course import optim
 from course.gpt import GPT, GPTConfig, param_groups
+
+from .reference_gpt import torch_gpt
 
 CONFIG = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
 BATCH = 32
@@ -37,53 +38,6 @@ def numpy_threads():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def _torch_gpt(torch, c):
-    """minGPT's GPT in PyTorch, written independently of the course's (same parameter names)."""
-    nn, TF = torch.nn, torch.nn.functional
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
-            self.c_proj = nn.Linear(c.n_embd, c.n_embd)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = (t.view(B, T, c.n_head, C // c.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // c.n_head)
-            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-            return self.c_proj((att @ v).transpose(1, 2).reshape(B, T, C))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c.n_embd), Attention(), nn.LayerNorm(c.n_embd)
-            self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(c.n_embd, 4 * c.n_embd),
-                                          c_proj=nn.Linear(4 * c.n_embd, c.n_embd)))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp.c_proj(TF.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.transformer = nn.ModuleDict(dict(
-                wte=nn.Embedding(c.vocab_size, c.n_embd), wpe=nn.Embedding(c.block_size, c.n_embd),
-                h=nn.ModuleList([Block() for _ in range(c.n_layer)]), ln_f=nn.LayerNorm(c.n_embd)))
-            self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
-
-        def forward(self, idx, targets):
-            t = self.transformer
-            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
-            for block in t.h:
-                x = block(x)
-            logits = self.lm_head(t.ln_f(x))
-            return TF.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
-
-    return Model()
 
 
 def _course_step(model, opt, x, y):
@@ -117,7 +71,7 @@ def bench_training_step():
 
     threads = numpy_threads()
     torch.set_num_threads(threads)
-    ref = _torch_gpt(torch, CONFIG)
+    ref = torch_gpt(torch, CONFIG)
     ref.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()})
     linear = {n for n, m in ref.named_modules() if isinstance(m, torch.nn.Linear)}
     decay = [p for n, p in ref.named_parameters() if n.rsplit(".", 1)[0] in linear and n.endswith("weight")]
@@ -127,7 +81,7 @@ def bench_training_step():
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def torch_step():
-        loss = ref(tx, ty)
+        _, loss = ref(tx, ty)
         topt.zero_grad()
         loss.backward()
         topt.step()

@@ -1,6 +1,5 @@
 """The course's GPT against an independent PyTorch GPT of minGPT's architecture, weights loaded by name."""
 
-import math
 
 import numpy as np
 import pytest
@@ -10,60 +9,11 @@ from course.gpt import GPT, GPTConfig
 from course.tensor import Tensor
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (optional `reference` extra)")
-tnn = torch.nn
 TF = torch.nn.functional
 
 pytestmark = [pytest.mark.part4, pytest.mark.reference]
 
-
-class TorchAttention(tnn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c_attn = tnn.Linear(c.n_embd, 3 * c.n_embd)
-        self.c_proj = tnn.Linear(c.n_embd, c.n_embd)
-        self.n_head = c.n_head
-
-    def forward(self, x):
-        B, T, C = x.shape
-        heads = [t.reshape(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-                 for t in self.c_attn(x).split(C, dim=2)]
-        q, k, v = heads
-        scores = q @ k.transpose(-2, -1) / math.sqrt(C // self.n_head)
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
-        att = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        return self.c_proj((att @ v).transpose(1, 2).reshape(B, T, C))
-
-
-class TorchBlock(tnn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.ln_1 = tnn.LayerNorm(c.n_embd)
-        self.attn = TorchAttention(c)
-        self.ln_2 = tnn.LayerNorm(c.n_embd)
-        self.mlp = tnn.ModuleDict(dict(c_fc=tnn.Linear(c.n_embd, 4 * c.n_embd),
-                                       c_proj=tnn.Linear(4 * c.n_embd, c.n_embd)))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp.c_proj(TF.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class TorchGPT(tnn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.transformer = tnn.ModuleDict(dict(
-            wte=tnn.Embedding(c.vocab_size, c.n_embd), wpe=tnn.Embedding(c.block_size, c.n_embd),
-            h=tnn.ModuleList([TorchBlock(c) for _ in range(c.n_layer)]), ln_f=tnn.LayerNorm(c.n_embd)))
-        self.lm_head = tnn.Linear(c.n_embd, c.vocab_size, bias=False)
-
-    def forward(self, idx, targets):
-        t = self.transformer
-        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
-        for block in t.h:
-            x = block(x)
-        logits = self.lm_head(t.ln_f(x))
-        loss = TF.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+from benchmarks.reference_gpt import torch_gpt  # noqa: E402  (the same reference the benchmark times)
 
 
 CONFIG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=4, n_embd=16)
@@ -74,7 +24,7 @@ def paired_models(dtype):
     rng = np.random.default_rng(1)
     for p in ours.parameters():  # move biases and LayerNorms off their initial values too
         p.data = (p.data + rng.normal(0, 0.05, p.shape)).astype(np.float32)
-    ref = TorchGPT(CONFIG)
+    ref = torch_gpt(torch, CONFIG)
     state = ours.state_dict()
     assert sorted(state) == sorted(ref.state_dict())  # the same names, both ways
     ref.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
