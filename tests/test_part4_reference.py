@@ -1,6 +1,5 @@
 """The course's GPT against an independent PyTorch GPT of minGPT's architecture, weights loaded by name."""
 
-
 import numpy as np
 import pytest
 
