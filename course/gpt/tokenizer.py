@@ -24,6 +24,17 @@ def _describe(ch):
     return f"{ch!r} (U+{ord(ch):04X})"
 
 
+def _look_up(table, ids):
+    """What each id stands for in `table` (id -> piece), naming the first id it does not hold."""
+    pieces = []
+    for i in ids:
+        piece = table.get(int(i))
+        if piece is None:
+            raise ValueError(f"token id {int(i)} is not in the vocabulary (ids run from 0 to {len(table) - 1})")
+        pieces.append(piece)
+    return pieces
+
+
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of a text.
 
@@ -59,14 +70,7 @@ class CharTokenizer:
             raise
 
     def decode(self, ids):
-        out = []
-        for i in ids:
-            ch = self.itos.get(int(i))
-            if ch is None:
-                raise ValueError(f"token id {int(i)} is not in the vocabulary "
-                                 f"(ids run from 0 to {self.vocab_size - 1})")
-            out.append(ch)
-        return "".join(out)
+        return "".join(_look_up(self.itos, ids))
 
     def save(self, path):
         data = {"type": "char", "chars": [self.itos[i] for i in range(self.vocab_size)]}
@@ -225,14 +229,7 @@ class BPETokenizer:
         return out
 
     def decode_bytes(self, ids):
-        parts = []
-        for i in ids:
-            piece = self.vocab.get(int(i))
-            if piece is None:
-                raise ValueError(f"token id {int(i)} is not in the vocabulary "
-                                 f"(ids run from 0 to {self.vocab_size - 1})")
-            parts.append(piece)
-        return b"".join(parts)
+        return b"".join(_look_up(self.vocab, ids))
 
     def decode(self, ids):
         """The text of a list of ids. Ids that do not form valid UTF-8 (for example a sequence
