@@ -131,15 +131,28 @@ class Module:
         return ""
 
 
-class Linear(Module):
-    """y = x @ W.T + b, with W of shape (out_features, in_features) as in PyTorch."""
+def _generator(rng):
+    """A NumPy generator from `rng`: a generator, a seed, or None for the one `manual_seed` sets."""
+    if rng is None:
+        return F.get_rng()
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return np.random.default_rng(rng)
 
-    def __init__(self, in_features, out_features, bias=True):
+
+class Linear(Module):
+    """y = x @ W.T + b, with W of shape (out_features, in_features) as in PyTorch.
+
+    `rng` (a NumPy generator or a seed) draws the initial weights; without it they come from the
+    generator that `course.tensor.manual_seed` seeds.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, rng=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         # Uniform in +-1/sqrt(fan_in) keeps the output's scale near the input's, as PyTorch does.
         bound = 1 / math.sqrt(in_features)
-        rng = F.get_rng()
+        rng = _generator(rng)
         self.weight = Parameter(rng.uniform(-bound, bound, (out_features, in_features)).astype(np.float32))
         self.bias = Parameter(rng.uniform(-bound, bound, out_features).astype(np.float32)) if bias else None
 
@@ -151,12 +164,14 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """A table of vectors looked up by integer index."""
+    """A table of vectors looked up by integer index (initially standard normal, drawn from `rng`
+    as in Linear)."""
 
-    def __init__(self, num_embeddings, embedding_dim):
+    def __init__(self, num_embeddings, embedding_dim, rng=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(F.get_rng().standard_normal((num_embeddings, embedding_dim)).astype(np.float32))
+        table = _generator(rng).standard_normal((num_embeddings, embedding_dim))
+        self.weight = Parameter(table.astype(np.float32))
 
     def forward(self, indices):
         return F.embedding(indices, self.weight)

@@ -104,27 +104,15 @@ def execute(path, timeout=600):
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"cell-{i}"
         cell.metadata.pop("execution", None)
-    # A cell that shows an error on purpose starts with "# NBVAL_RAISES_EXCEPTION" (which nbval
-    # reads); nbclient needs the "raises-exception" tag instead, so it is added only while running.
-    raising = [c for c in nb.cells if c.cell_type == "code" and "NBVAL_RAISES_EXCEPTION" in c.source
-               and "raises-exception" not in c.metadata.get("tags", [])]
-    for cell in raising:
-        cell.metadata.setdefault("tags", []).append("raises-exception")
+    # Executed as Run All runs it: the first cell that raises stops the notebook (a lesson shows an
+    # error with try/except and a printed message, never a raising cell).
     os.environ.update(KERNEL_ENV)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()
-    for cell in raising:
-        cell.metadata["tags"].remove("raises-exception")
-        if not cell.metadata["tags"]:
-            del cell.metadata["tags"]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = _merge_streams(cell.outputs)
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                # The traceback names files on this machine; the error itself is the lesson.
-                out["traceback"] = [f"{out['ename']}: {out['evalue']}"]
     nb.metadata.pop("widgets", None)
     nb.metadata["language_info"] = {"name": "python"}  # the version would differ between machines
     nbformat.write(nb, str(path))

@@ -274,3 +274,11 @@ def test_warmup_cosine_scheduler_sets_the_learning_rate():
     c = math.cos(math.pi / 4)
     np.testing.assert_allclose(lrs, [0.2, 0.4, 0.4, 0.2 * (1 + c), 0.2, 0.2 * (1 - c), 0.0], atol=1e-12)
     np.testing.assert_allclose(p.data, -sum(lrs), rtol=1e-12)
+
+
+def test_linear_and_embedding_draw_from_the_generator_they_are_given():
+    a, b = nn.Linear(3, 2, rng=5), nn.Linear(3, 2, rng=np.random.default_rng(5))
+    assert np.array_equal(a.weight.data, b.weight.data) and np.array_equal(a.bias.data, b.bias.data)
+    assert not np.array_equal(a.weight.data, nn.Linear(3, 2, rng=6).weight.data)
+    e1, e2 = nn.Embedding(4, 3, rng=1), nn.Embedding(4, 3, rng=1)
+    assert np.array_equal(e1.weight.data, e2.weight.data) and e1.weight.dtype == np.float32

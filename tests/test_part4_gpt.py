@@ -2,6 +2,8 @@
 
 import math
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -296,3 +298,51 @@ def test_sampling_never_picks_a_token_of_probability_zero():
     counts = np.bincount(sample_next(np.log(np.tile([[0.1, 0.2, 0.7]], (20000, 1))),
                                      rng=np.random.default_rng(0)), minlength=3) / 20000
     assert np.allclose(counts, [0.1, 0.2, 0.7], atol=0.015)
+
+
+def test_a_checkpoint_of_another_architecture_with_the_same_shapes_is_refused(tmp_path):
+    path = tmp_path / "m.npz"
+    save_checkpoint(path, GPT(TINY))
+    other_heads = GPT(GPTConfig(vocab_size=TINY.vocab_size, block_size=TINY.block_size, n_layer=TINY.n_layer,
+                                n_head=1, n_embd=TINY.n_embd))
+    with pytest.raises(ValueError, match=r"m\.npz does not fit the model: the config differs: n_head: checkpoint 2, model 1"):
+        load_checkpoint(path, other_heads)
+
+
+def test_a_truncated_checkpoint_is_named(tmp_path):
+    path = tmp_path / "m.npz"
+    save_checkpoint(path, GPT(TINY))
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"m\.npz is not a readable checkpoint \(truncated or corrupt\?\)"):
+        load_checkpoint(path)
+
+
+def test_the_trainer_trains_any_model_with_logits(tmp_path):
+    """The trainer needs only model(idx) -> logits: a bigram table trains through the same code."""
+    from course import nn
+
+    class Bigram(nn.Module):
+        def __init__(self, vocab):
+            super().__init__()
+            self.config = BigramConfig(vocab)
+            self.table = nn.Embedding(vocab, vocab, rng=0)
+
+        def forward(self, idx):
+            return self.table(idx)
+
+    data = np.tile(np.arange(5), 40)  # 0 1 2 3 4 0 1 ...: each token predicts the next exactly
+    model = Bigram(5)
+    trainer = Trainer(model, data, data, TrainerConfig(max_iters=60, batch_size=8, learning_rate=0.3,
+                                                       warmup_iters=0, eval_interval=60, block_size=4, weight_decay=0))
+    history = trainer.run()
+    assert history["val_loss"][-1] < 0.2 * history["loss"][0]
+    save_checkpoint(tmp_path / "b.npz", model)
+    into, _ = load_checkpoint(tmp_path / "b.npz", Bigram(5))
+    assert np.array_equal(into.table.weight.data, model.table.weight.data)
+    with pytest.raises(ValueError, match="names the class 'test_part4_gpt:.*Bigram', which is not one of the course's"):
+        load_checkpoint(tmp_path / "b.npz")  # a checkpoint never makes load_checkpoint import foreign code
+
+
+@dataclass
+class BigramConfig:
+    vocab_size: int

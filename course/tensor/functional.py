@@ -1,13 +1,16 @@
 """Functions of tensors used by neural networks (imported as `F`).
 
-Each is one operation with its own backward, rather than a chain of smaller ones: softmax,
-log_softmax and cross_entropy are then numerically stable (they never exponentiate a large
-number), and a network runs fewer, larger NumPy calls.
+Each is one operation with its own backward (written with `operation`, the engine's public way
+to add one), rather than a chain of smaller ones: softmax, log_softmax and cross_entropy are then
+numerically stable (they never exponentiate a large number), and a network runs fewer, larger
+NumPy calls. The heaviest ones (`linear`, `softmax`, `layer_norm`, attention) are dispatch points:
+part 6 can swap its kernels in for them (see `course.tensor.dispatch`).
 """
 
 import numpy as np
 
-from .tensor import Tensor, _result
+from .dispatch import dispatchable
+from .tensor import Tensor, operation, unbroadcast
 
 _rng = np.random.default_rng(0)
 
@@ -46,20 +49,19 @@ def gelu(x):
     y = t + 1
     y *= d
     y *= 0.5
-    out = _result(y, (x,), "gelu")
-    if out.requires_grad:
-        def backward(g):
-            # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
-            slope = d2 * (3 * 0.044715 * _GELU_C)
-            slope += _GELU_C
-            slope *= d
-            slope *= 1 - t * t
-            slope += 1 + t
-            slope *= 0.5
-            slope *= g
-            x._accumulate(slope)
-        out._backward = backward
-    return out
+
+    def backward(g):
+        # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+        slope = d2 * (3 * 0.044715 * _GELU_C)
+        slope += _GELU_C
+        slope *= d
+        slope *= 1 - t * t
+        slope += 1 + t
+        slope *= 0.5
+        slope *= g
+        return slope
+
+    return operation("gelu", y, (x,), backward)
 
 
 def _sigmoid(d):
@@ -71,32 +73,25 @@ def silu(x):
     """SiLU (swish): x * sigmoid(x)."""
     d = x.data
     s = _sigmoid(d)
-    out = _result(d * s, (x,), "silu")
-    if out.requires_grad:
-        out._backward = lambda g: x._accumulate(g * (s * (1 + d * (1 - s))))
-    return out
+    return operation("silu", d * s, (x,), lambda g: g * (s * (1 + d * (1 - s))))
 
 
 def softplus(x):
     """log(1 + exp(x)), computed without overflow; its derivative is sigmoid(x)."""
     d = x.data
-    out = _result(np.logaddexp(0, d).astype(d.dtype, copy=False), (x,), "softplus")
-    if out.requires_grad:
-        out._backward = lambda g: x._accumulate(g * _sigmoid(d))
-    return out
+    data = np.logaddexp(0, d).astype(d.dtype, copy=False)
+    return operation("softplus", data, (x,), lambda g: g * _sigmoid(d))
 
 
 # ----- softmax and the losses built on it ------------------------------------------------------
+@dispatchable
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`; the maximum is subtracted first so exp never overflows."""
     d = x.data
     e = np.exp(d - d.max(axis=axis, keepdims=True))
     s = e / e.sum(axis=axis, keepdims=True)
-    out = _result(s, (x,), "softmax")
-    if out.requires_grad:
-        # The Jacobian is diag(s) - s s^T, so the backward is s * (g - <g, s>).
-        out._backward = lambda g: x._accumulate(s * (g - (g * s).sum(axis=axis, keepdims=True)))
-    return out
+    # The Jacobian is diag(s) - s s^T, so the backward is s * (g - <g, s>).
+    return operation("softmax", s, (x,), lambda g: s * (g - (g * s).sum(axis=axis, keepdims=True)))
 
 
 def _log_softmax(d, axis):
@@ -107,10 +102,7 @@ def _log_softmax(d, axis):
 def log_softmax(x, axis=-1):
     """log(softmax(x)) as x - logsumexp(x): finite even where softmax underflows to 0."""
     logp = _log_softmax(x.data, axis)
-    out = _result(logp, (x,), "log_softmax")
-    if out.requires_grad:
-        out._backward = lambda g: x._accumulate(g - np.exp(logp) * g.sum(axis=axis, keepdims=True))
-    return out
+    return operation("log_softmax", logp, (x,), lambda g: g - np.exp(logp) * g.sum(axis=axis, keepdims=True))
 
 
 def cross_entropy(logits, targets, ignore_index=None):
@@ -139,19 +131,19 @@ def cross_entropy(logits, targets, ignore_index=None):
     logp = _log_softmax(flat, -1)
     picked = logp[np.arange(len(t_flat)), t_flat]
     loss = -(picked * keep_flat).sum() / count
-    out = _result(np.asarray(loss, dtype=logits.dtype), (logits,), "cross_entropy")
-    if out.requires_grad:
-        def backward(g):
-            # d loss / d logits = (softmax - one_hot(target)) / count, on the rows that count.
-            grad = np.exp(logp)
-            grad[np.arange(len(t_flat)), t_flat] -= 1
-            grad *= (keep_flat * (g / count))[:, None].astype(grad.dtype)
-            logits._accumulate(grad.reshape(logits.shape))
-        out._backward = backward
-    return out
+
+    def backward(g):
+        # d loss / d logits = (softmax - one_hot(target)) / count, on the rows that count.
+        grad = np.exp(logp)
+        grad[np.arange(len(t_flat)), t_flat] -= 1
+        grad *= (keep_flat * (g / count))[:, None].astype(grad.dtype)
+        return grad.reshape(logits.shape)
+
+    return operation("cross_entropy", np.asarray(loss, dtype=logits.dtype), (logits,), backward)
 
 
 # ----- normalisation and lookup ----------------------------------------------------------------
+@dispatchable
 def layer_norm(x, weight, bias, eps=1e-5):
     """Normalise the last axis to mean 0 and variance 1, then scale by `weight` and shift by `bias`."""
     d = x.data
@@ -165,23 +157,20 @@ def layer_norm(x, weight, bias, eps=1e-5):
         y = y * weight.data
     if bias is not None:
         y = y + bias.data
-    parents = tuple(p for p in (x, weight, bias) if p is not None)
-    out = _result(y, parents, "layer_norm")
-    if out.requires_grad:
-        def backward(g):
-            lead = tuple(range(g.ndim - 1))
-            if weight is not None and weight.requires_grad:
-                weight._accumulate((g * xhat).sum(axis=lead))
-            if bias is not None and bias.requires_grad:
-                bias._accumulate(g.sum(axis=lead))
-            if x.requires_grad:
-                gx = g * weight.data if weight is not None else g
-                # The gradient through the mean and the variance, in one line:
-                # dx = rstd * (gx - mean(gx) - xhat * mean(gx * xhat))
-                x._accumulate(rstd * (gx - gx.mean(axis=-1, keepdims=True)
-                                      - xhat * (gx * xhat).mean(axis=-1, keepdims=True)))
-        out._backward = backward
-    return out
+
+    def backward(g):
+        lead = tuple(range(g.ndim - 1))
+        gw = (g * xhat).sum(axis=lead) if weight is not None and weight.requires_grad else None
+        gb = g.sum(axis=lead) if bias is not None and bias.requires_grad else None
+        gx = None
+        if x.requires_grad:
+            gy = g * weight.data if weight is not None else g
+            # The gradient through the mean and the variance, in one line:
+            # dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))
+            gx = rstd * (gy - gy.mean(axis=-1, keepdims=True) - xhat * (gy * xhat).mean(axis=-1, keepdims=True))
+        return gx, gw, gb
+
+    return operation("layer_norm", y, (x, weight, bias), backward)
 
 
 def embedding(indices, weight):
@@ -193,14 +182,13 @@ def embedding(indices, weight):
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         bad = idx[(idx < 0) | (idx >= n)][0]
         raise IndexError(f"embedding: index {bad} is out of range for a table of {n} rows")
-    out = _result(weight.data[idx], (weight,), "embedding")
-    if out.requires_grad:
-        def backward(g):
-            grad = np.zeros_like(weight.data)
-            np.add.at(grad, idx.reshape(-1), g.reshape(-1, weight.shape[1]))  # repeated tokens add up
-            weight._accumulate(grad)
-        out._backward = backward
-    return out
+
+    def backward(g):
+        grad = np.zeros_like(weight.data)
+        np.add.at(grad, idx.reshape(-1), g.reshape(-1, weight.shape[1]))  # repeated tokens add up
+        return grad
+
+    return operation("embedding", weight.data[idx], (weight,), backward)
 
 
 # ----- selection and joining -------------------------------------------------------------------
@@ -213,10 +201,7 @@ def masked_fill(x, mask, value):
         raise ValueError(f"masked_fill: mask of shape {m.shape} does not broadcast to shape {x.shape}") from None
     if data.shape != x.shape:
         raise ValueError(f"masked_fill: mask of shape {m.shape} would change the shape {x.shape}")
-    out = _result(data, (x,), "masked_fill")
-    if out.requires_grad:
-        out._backward = lambda g: x._accumulate(np.where(m, 0, g).astype(x.dtype, copy=False))
-    return out
+    return operation("masked_fill", data, (x,), lambda g: np.where(m, 0, g).astype(x.dtype, copy=False))
 
 
 def where(condition, a, b):
@@ -228,17 +213,13 @@ def where(condition, a, b):
         data = np.where(c, a.data, b.data)
     except ValueError:
         raise ValueError(f"where: shapes {c.shape}, {a.shape} and {b.shape} cannot be broadcast together") from None
-    out = _result(data, (a, b), "where")
-    if out.requires_grad:
-        from .tensor import unbroadcast
 
-        def backward(g):
-            if a.requires_grad:
-                a._accumulate(unbroadcast(np.where(c, g, 0), a.shape).astype(a.dtype, copy=False))
-            if b.requires_grad:
-                b._accumulate(unbroadcast(np.where(c, 0, g), b.shape).astype(b.dtype, copy=False))
-        out._backward = backward
-    return out
+    def backward(g):
+        ga = unbroadcast(np.where(c, g, 0), a.shape).astype(a.dtype, copy=False) if a.requires_grad else None
+        gb = unbroadcast(np.where(c, 0, g), b.shape).astype(b.dtype, copy=False) if b.requires_grad else None
+        return ga, gb
+
+    return operation("where", data, (a, b), backward)
 
 
 def concatenate(tensors, axis=0):
@@ -249,16 +230,8 @@ def concatenate(tensors, axis=0):
     except ValueError:
         shapes = ", ".join(str(t.shape) for t in tensors)
         raise ValueError(f"concatenate: shapes {shapes} cannot be joined along axis {axis}") from None
-    out = _result(data, tuple(tensors), "concatenate")
-    if out.requires_grad:
-        ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
-
-        def backward(g):
-            for t, piece in zip(tensors, np.split(g, ends, axis=axis)):
-                if t.requires_grad:
-                    t._accumulate(piece)
-        out._backward = backward
-    return out
+    ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
+    return operation("concatenate", data, tuple(tensors), lambda g: tuple(np.split(g, ends, axis=axis)))
 
 
 def stack(tensors, axis=0):
@@ -267,14 +240,8 @@ def stack(tensors, axis=0):
     shapes = {t.shape for t in tensors}
     if len(shapes) > 1:
         raise ValueError(f"stack: all tensors need the same shape, got {', '.join(str(s) for s in shapes)}")
-    out = _result(np.stack([t.data for t in tensors], axis=axis), tuple(tensors), "stack")
-    if out.requires_grad:
-        def backward(g):
-            for i, t in enumerate(tensors):
-                if t.requires_grad:
-                    t._accumulate(np.take(g, i, axis=axis))
-        out._backward = backward
-    return out
+    data = np.stack([t.data for t in tensors], axis=axis)
+    return operation("stack", data, tuple(tensors), lambda g: tuple(np.moveaxis(g, axis, 0)))
 
 
 def dropout(x, p, training=True):
@@ -284,13 +251,11 @@ def dropout(x, p, training=True):
     if not training or p == 0:
         return x
     keep = (_rng.random(x.shape) >= p).astype(x.dtype) / (1 - p)
-    out = _result(x.data * keep, (x,), "dropout")
-    if out.requires_grad:
-        out._backward = lambda g: x._accumulate(g * keep)
-    return out
+    return operation("dropout", x.data * keep, (x,), lambda g: g * keep)
 
 
 # ----- the layer every network is full of --------------------------------------------------------
+@dispatchable
 def linear(x, weight, bias=None):
     """x @ weight.T + bias, as one operation: weight has shape (out, in) as in PyTorch.
 
@@ -305,19 +270,15 @@ def linear(x, weight, bias=None):
     y = (x.data.reshape(-1, x.shape[-1]) @ weight.data.T).reshape(*x.shape[:-1], weight.shape[0])
     if bias is not None:
         y += bias.data
-    parents = (x, weight) if bias is None else (x, weight, bias)
-    out = _result(y, parents, "linear")
-    if out.requires_grad:
-        def backward(g):
-            g2 = g.reshape(-1, g.shape[-1])
-            if x.requires_grad:
-                x._accumulate((g2 @ weight.data).reshape(x.shape))
-            if weight.requires_grad:
-                weight._accumulate(g2.T @ x.data.reshape(-1, x.shape[-1]))
-            if bias is not None and bias.requires_grad:
-                bias._accumulate(g2.sum(axis=0))
-        out._backward = backward
-    return out
+
+    def backward(g):
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ weight.data).reshape(x.shape) if x.requires_grad else None
+        gw = g2.T @ x.data.reshape(-1, x.shape[-1]) if weight.requires_grad else None
+        gb = g2.sum(axis=0) if bias is not None and bias.requires_grad else None
+        return gx, gw, gb
+
+    return operation("linear", y, (x, weight, bias), backward)
 
 
 # ----- attention, as one operation (part 4) ------------------------------------------------------
@@ -331,6 +292,7 @@ def causal_mask(t_query, t_key):
     return np.arange(t_key)[None, :] > np.arange(offset, offset + t_query)[:, None]
 
 
+@dispatchable
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=True):
     """softmax(q @ k^T / sqrt(d)) @ v over the last two axes, with a causal mask, as one operation.
 
@@ -364,16 +326,13 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
     if dropout_p and training:
         keep = (_rng.random(att.shape) >= dropout_p).astype(att.dtype) / (1 - dropout_p)
         weights = att * keep
-    out = _result(weights @ vd, (q, k, v), "attention")
-    if out.requires_grad:
-        from .tensor import unbroadcast
 
-        def backward(g):
-            g = np.ascontiguousarray(g)
-            if v.requires_grad:  # y = P v  ->  dv = P^T dy
-                v._accumulate(unbroadcast(np.swapaxes(weights, -1, -2) @ g, v.shape))
-            if not (q.requires_grad or k.requires_grad):
-                return
+    def backward(g):
+        g = np.ascontiguousarray(g)
+        gq = gk = gv = None
+        if v.requires_grad:  # y = P v  ->  dv = P^T dy
+            gv = unbroadcast(np.swapaxes(weights, -1, -2) @ g, v.shape)
+        if q.requires_grad or k.requires_grad:
             dp = g @ np.swapaxes(vd, -1, -2)  # dP = dy v^T
             if weights is not att:
                 dp *= keep
@@ -384,8 +343,9 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
             ds *= att
             ds *= scale
             if q.requires_grad:  # S = q k^T * scale  ->  dq = dS k,  dk = dS^T q
-                q._accumulate(unbroadcast(ds @ kd, q.shape))
+                gq = unbroadcast(ds @ kd, q.shape)
             if k.requires_grad:
-                k._accumulate(unbroadcast(np.swapaxes(ds, -1, -2) @ qd, k.shape))
-        out._backward = backward
-    return out
+                gk = unbroadcast(np.swapaxes(ds, -1, -2) @ qd, k.shape)
+        return gq, gk, gv
+
+    return operation("attention", weights @ vd, (q, k, v), backward)

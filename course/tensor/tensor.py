@@ -1,9 +1,20 @@
 """A tensor that remembers how it was computed, and backpropagates through NumPy.
 
-The same idea as micrograd's Value, for whole arrays: every operation computes its result with
-NumPy and, when a gradient will be needed, records its inputs and a `backward(g)` function that
-turns the gradient of the result into gradients of the inputs. Each operation below defines its
-forward and its backward side by side.
+The same idea as micrograd's Value, for whole arrays. Every operation is written the same way,
+with its forward and its backward side by side:
+
+    def exp(x):
+        data = np.exp(x.data)                         # forward: the result, with NumPy
+
+        def backward(g):                              # g: d loss / d result, data's shape
+            return g * data                           # d loss / d x, x's shape
+
+        return operation("exp", data, (x,), backward)
+
+`operation(name, data, inputs, backward)` is the public way to add an operation to the engine:
+`backward(g)` returns one gradient per input (None for an input that needs none), and the engine
+adds each to its input's `.grad`. `course.tensor.functional`, Mamba's selective scan and the GPU
+kernels of part 6 are all written with it.
 
 Two rules make arrays harder than scalars:
 - Broadcasting. `x + b` with x (32, 10) and b (10,) uses b 32 times, so b's gradient is the sum
@@ -14,6 +25,8 @@ Two rules make arrays harder than scalars:
 from contextlib import contextmanager
 
 import numpy as np
+
+from .dispatch import dispatchable
 
 _grad_enabled = True
 
@@ -50,14 +63,41 @@ def _shape_error(op, a, b, why="cannot be broadcast together"):
     return ValueError(f"{op}: shapes {a.shape} and {b.shape} {why}")
 
 
+def operation(name, data, inputs, backward):
+    """The result of an operation named `name`, recorded so that gradients can flow back through it.
+
+    data:     the result, an array computed from the inputs' arrays (the forward pass).
+    inputs:   the tensors it was computed from (None where an optional input is absent).
+    backward: `backward(g)` gets the gradient of the loss with respect to the result (an array of
+              data's shape) and returns the gradients with respect to the inputs: a tuple with one
+              array (or None) per input, each of that input's shape. With one input it may return
+              the array alone. It is called only when some input requires a gradient.
+
+    The backward function must not refer to the result tensor (only to arrays and inputs): the
+    result holds its backward, so that would make a reference cycle that only the garbage
+    collector could free.
+    """
+    out = Tensor.__new__(Tensor)
+    out.data = data if isinstance(data, np.ndarray) else np.asarray(data)
+    out.grad = None
+    out.label = ""
+    out.op = name
+    needs = _grad_enabled and any(t is not None and t.requires_grad for t in inputs)
+    out.requires_grad = needs
+    out.inputs = tuple(inputs) if needs else ()
+    out._backward = backward if needs else None
+    return out
+
+
 class Tensor:
     """An n-dimensional array with a gradient.
 
     `Tensor(data, requires_grad=False)` keeps the dtype of a NumPy array it is given; Python
-    numbers and lists become float32, the dtype the course trains in.
+    numbers and lists become float32, the dtype the course trains in. A tensor made by an
+    operation knows its `op` (a name) and its `inputs`.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_op", "label", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "inputs", "op", "_backward", "label", "__weakref__")
     __array_priority__ = 1000  # `ndarray + Tensor` calls Tensor.__radd__ instead of NumPy's add
 
     def __init__(self, data, requires_grad=False, label=""):
@@ -70,9 +110,9 @@ class Tensor:
         self.data = data
         self.grad = None
         self.requires_grad = bool(requires_grad)
-        self._parents = ()
+        self.inputs = ()
         self._backward = None
-        self._op = ""
+        self.op = ""
         self.label = label
 
     # ----- a few conveniences ---------------------------------------------------------------
@@ -100,12 +140,8 @@ class Tensor:
         return Tensor(self.data)
 
     def astype(self, dtype):
-        out = _result(self.data.astype(dtype), (self,), "astype")
-        if out.requires_grad:
-            def backward(g):
-                self._accumulate(g.astype(self.data.dtype))
-            out._backward = backward
-        return out
+        source = self.data.dtype
+        return operation("astype", self.data.astype(dtype), (self,), lambda g: g.astype(source))
 
     def _lift(self, other):
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
@@ -120,7 +156,7 @@ class Tensor:
         """Add `g` to this tensor's gradient. Used twice, a tensor gets the sum of both uses."""
         if self.grad is None:
             # A leaf (a parameter) gets its own copy: optimizers may change it in place.
-            self.grad = np.array(g, dtype=self.data.dtype) if not self._parents else g
+            self.grad = np.array(g, dtype=self.data.dtype) if not self.inputs else g
         else:
             self.grad = self.grad + g
 
@@ -143,16 +179,32 @@ class Tensor:
             grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.data.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"backward(): the gradient has shape {grad.shape} but the tensor has shape {self.shape}")
-        order = self._topological_order()
+        order = self.topological_order()
         for node in order:
-            if node._parents:
+            if node.inputs:
                 node.grad = None  # recomputed below; only leaves accumulate across calls
         self._accumulate(grad)
+        # Reverse topological order: a tensor's gradient is complete (every use has added its
+        # share) before its own backward passes it on to its inputs.
         for node in reversed(order):
-            if node._backward is not None and node.grad is not None:
-                node._backward(node.grad)
+            if node._backward is None or node.grad is None:
+                continue
+            grads = node._backward(node.grad)
+            inputs = node.inputs
+            if not isinstance(grads, (tuple, list)):
+                grads = (grads,)
+            if len(grads) != len(inputs):
+                raise RuntimeError(f"the backward of operation {node.op!r} returned {len(grads)} gradients "
+                                   f"for its {len(inputs)} inputs")
+            for i, (t, g) in enumerate(zip(inputs, grads)):
+                if g is None or t is None or not t.requires_grad:
+                    continue
+                if np.shape(g) != t.shape:
+                    raise RuntimeError(f"the backward of operation {node.op!r} returned a gradient of shape "
+                                       f"{np.shape(g)} for input {i}, which has shape {t.shape}")
+                t._accumulate(g)
 
-    def _topological_order(self):
+    def topological_order(self):
         """Every tensor this one depends on, each after its inputs (a loop, not recursion, so
         that a graph 100,000 operations deep does not reach Python's recursion limit)."""
         order, visited = [], set()
@@ -166,8 +218,8 @@ class Tensor:
                 continue
             visited.add(id(node))
             stack.append((node, True))
-            for parent in node._parents:
-                if id(parent) not in visited:
+            for parent in node.inputs:
+                if parent is not None and id(parent) not in visited:
                     stack.append((parent, False))
         return order
 
@@ -178,15 +230,12 @@ class Tensor:
             data = self.data + other.data
         except ValueError:
             raise _shape_error("+", self, other) from None
-        out = _result(data, (self, other), "+")
-        if out.requires_grad:
-            def backward(g):
-                if self.requires_grad:
-                    self._accumulate(unbroadcast(g, self.shape))
-                if other.requires_grad:
-                    other._accumulate(unbroadcast(g, other.shape))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            return (unbroadcast(g, self.shape) if self.requires_grad else None,
+                    unbroadcast(g, other.shape) if other.requires_grad else None)
+
+        return operation("+", data, (self, other), backward)
 
     def __sub__(self, other):
         other = self._lift(other)
@@ -194,15 +243,12 @@ class Tensor:
             data = self.data - other.data
         except ValueError:
             raise _shape_error("-", self, other) from None
-        out = _result(data, (self, other), "-")
-        if out.requires_grad:
-            def backward(g):
-                if self.requires_grad:
-                    self._accumulate(unbroadcast(g, self.shape))
-                if other.requires_grad:
-                    other._accumulate(unbroadcast(-g, other.shape))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            return (unbroadcast(g, self.shape) if self.requires_grad else None,
+                    unbroadcast(-g, other.shape) if other.requires_grad else None)
+
+        return operation("-", data, (self, other), backward)
 
     def __mul__(self, other):
         other = self._lift(other)
@@ -210,15 +256,12 @@ class Tensor:
             data = self.data * other.data
         except ValueError:
             raise _shape_error("*", self, other) from None
-        out = _result(data, (self, other), "*")
-        if out.requires_grad:
-            def backward(g):
-                if self.requires_grad:
-                    self._accumulate(unbroadcast(g * other.data, self.shape))
-                if other.requires_grad:
-                    other._accumulate(unbroadcast(g * self.data, other.shape))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            return (unbroadcast(g * other.data, self.shape) if self.requires_grad else None,
+                    unbroadcast(g * self.data, other.shape) if other.requires_grad else None)
+
+        return operation("*", data, (self, other), backward)
 
     def __truediv__(self, other):
         other = self._lift(other)
@@ -226,48 +269,36 @@ class Tensor:
             data = self.data / other.data
         except ValueError:
             raise _shape_error("/", self, other) from None
-        out = _result(data, (self, other), "/")
-        if out.requires_grad:
-            def backward(g):
-                if self.requires_grad:
-                    self._accumulate(unbroadcast(g / other.data, self.shape))
-                if other.requires_grad:  # d(a/b)/db = -a/b**2 = -out/b
-                    other._accumulate(unbroadcast(-g * data / other.data, other.shape))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            # d(a/b)/da = 1/b;  d(a/b)/db = -a/b**2 = -result/b
+            return (unbroadcast(g / other.data, self.shape) if self.requires_grad else None,
+                    unbroadcast(-g * data / other.data, other.shape) if other.requires_grad else None)
+
+        return operation("/", data, (self, other), backward)
 
     def __pow__(self, exponent):
         if isinstance(exponent, Tensor):
             return self._pow_tensor(exponent)
         p = exponent
-        data = self.data ** p
-        out = _result(data, (self,), f"**{p}")
-        if out.requires_grad:
-            def backward(g):
-                self._accumulate(g * (p * self.data ** (p - 1)))
-            out._backward = backward
-        return out
+        return operation(f"**{p}", self.data ** p, (self,), lambda g: g * (p * self.data ** (p - 1)))
 
     def _pow_tensor(self, exponent):
         try:
             data = self.data ** exponent.data
         except ValueError:
             raise _shape_error("**", self, exponent) from None
-        out = _result(data, (self, exponent), "**")
-        if out.requires_grad:
-            def backward(g):
-                if self.requires_grad:
-                    self._accumulate(unbroadcast(g * exponent.data * self.data ** (exponent.data - 1), self.shape))
-                if exponent.requires_grad:  # d(a**b)/db = a**b * log(a)
-                    exponent._accumulate(unbroadcast(g * data * np.log(self.data), exponent.shape))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            # d(a**b)/da = b a**(b-1);  d(a**b)/db = a**b log(a)
+            e = exponent.data
+            return (unbroadcast(g * e * self.data ** (e - 1), self.shape) if self.requires_grad else None,
+                    unbroadcast(g * data * np.log(self.data), exponent.shape) if exponent.requires_grad else None)
+
+        return operation("**", data, (self, exponent), backward)
 
     def __neg__(self):
-        out = _result(-self.data, (self,), "neg")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(-g)
-        return out
+        return operation("neg", -self.data, (self,), lambda g: -g)
 
     def __radd__(self, other):
         return self._lift(other) + self
@@ -284,124 +315,67 @@ class Tensor:
     def __rpow__(self, other):
         return self._lift(other) ** self
 
-    # ----- matrix multiplication ------------------------------------------------------------
+    # ----- matrix multiplication (a dispatch point: part 6 can run it on its kernels) ---------
     def __matmul__(self, other):
-        other = self._lift(other)
-        a, b = self.data, other.data
-        if a.ndim == 0 or b.ndim == 0:
-            raise _shape_error("@", self, other, "cannot be multiplied: @ needs at least one axis on each side")
-        if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
-            k_b = b.shape[-2 if b.ndim > 1 else 0]
-            raise _shape_error("@", self, other, f"do not match: the inner dimensions {a.shape[-1]} and {k_b} differ")
-        try:
-            data = a @ b
-        except ValueError:
-            raise _shape_error("@", self, other, "have batch dimensions that cannot be broadcast together") from None
-        out = _result(data, (self, other), "@")
-        if out.requires_grad:
-            def backward(g):
-                # Treat vectors as 1-row / 1-column matrices, then C = A B gives
-                # dA = dC B^T and dB = A^T dC, summed over any broadcast batch axes.
-                a2 = a[None, :] if a.ndim == 1 else a
-                b2 = b[:, None] if b.ndim == 1 else b
-                g2 = g
-                if b.ndim == 1:  # first: for vector @ vector, g is 0-d and needs its column axis first
-                    g2 = np.expand_dims(g2, -1)
-                if a.ndim == 1:
-                    g2 = np.expand_dims(g2, -2)
-                if self.requires_grad:
-                    ga = g2 @ np.swapaxes(b2, -1, -2)
-                    if a.ndim == 1:
-                        ga = ga[..., 0, :]
-                    self._accumulate(unbroadcast(ga, a.shape))
-                if other.requires_grad:
-                    gb = np.swapaxes(a2, -1, -2) @ g2
-                    if b.ndim == 1:
-                        gb = gb[..., 0]
-                    other._accumulate(unbroadcast(gb, b.shape))
-            out._backward = backward
-        return out
+        return matmul(self, self._lift(other))
 
     def __rmatmul__(self, other):
-        return self._lift(other) @ self
+        return matmul(self._lift(other), self)
 
     # ----- unary functions ------------------------------------------------------------------
     def exp(self):
         data = np.exp(self.data)
-        out = _result(data, (self,), "exp")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g * data)
-        return out
+        return operation("exp", data, (self,), lambda g: g * data)
 
     def log(self):
-        out = _result(np.log(self.data), (self,), "log")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g / self.data)
-        return out
+        return operation("log", np.log(self.data), (self,), lambda g: g / self.data)
 
     def sqrt(self):
         data = np.sqrt(self.data)
-        out = _result(data, (self,), "sqrt")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g * 0.5 / data)
-        return out
+        return operation("sqrt", data, (self,), lambda g: g * 0.5 / data)
 
     def tanh(self):
         data = np.tanh(self.data)
-        out = _result(data, (self,), "tanh")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g * (1 - data * data))
-        return out
+        return operation("tanh", data, (self,), lambda g: g * (1 - data * data))
 
     def relu(self):
-        data = np.maximum(self.data, 0)
-        out = _result(data, (self,), "relu")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g * (self.data > 0))
-        return out
+        return operation("relu", np.maximum(self.data, 0), (self,), lambda g: g * (self.data > 0))
 
     def sigmoid(self):
         # exp of a large positive number overflows, so split by sign: both branches stay finite.
         x = self.data
         e = np.exp(-np.abs(x))
         data = np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
-        out = _result(data, (self,), "sigmoid")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g * data * (1 - data))
-        return out
+        return operation("sigmoid", data, (self,), lambda g: g * data * (1 - data))
 
     # ----- reductions ------------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False):
-        out = _result(self.data.sum(axis=axis, keepdims=keepdims), (self,), "sum")
-        if out.requires_grad:
-            def backward(g):
-                self._accumulate(np.broadcast_to(_keep_axes(g, axis, keepdims, self.ndim), self.shape))
-            out._backward = backward
-        return out
+        def backward(g):
+            return np.broadcast_to(_keep_axes(g, axis, keepdims, self.ndim), self.shape)
+
+        return operation("sum", self.data.sum(axis=axis, keepdims=keepdims), (self,), backward)
 
     def mean(self, axis=None, keepdims=False):
         data = self.data.mean(axis=axis, keepdims=keepdims)
         count = self.data.size // max(np.size(data), 1) if self.data.size else 1
-        out = _result(data, (self,), "mean")
-        if out.requires_grad:
-            def backward(g):
-                g = _keep_axes(g, axis, keepdims, self.ndim) / count
-                self._accumulate(np.broadcast_to(g, self.shape).astype(self.dtype, copy=False))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            g = _keep_axes(g, axis, keepdims, self.ndim) / count
+            return np.broadcast_to(g, self.shape).astype(self.dtype, copy=False)
+
+        return operation("mean", data, (self,), backward)
 
     def max(self, axis=None, keepdims=False):
         data = self.data.max(axis=axis, keepdims=keepdims)
-        out = _result(data, (self,), "max")
-        if out.requires_grad:
-            def backward(g):
-                # The gradient goes to the maximum; ties share it equally.
-                top = _keep_axes(data, axis, keepdims, self.ndim)
-                mask = (self.data == top).astype(self.dtype)
-                mask /= mask.sum(axis=axis, keepdims=True)
-                self._accumulate(mask * _keep_axes(g, axis, keepdims, self.ndim))
-            out._backward = backward
-        return out
+
+        def backward(g):
+            # The gradient goes to the maximum; ties share it equally.
+            top = _keep_axes(data, axis, keepdims, self.ndim)
+            mask = (self.data == top).astype(self.dtype)
+            mask /= mask.sum(axis=axis, keepdims=True)
+            return mask * _keep_axes(g, axis, keepdims, self.ndim)
+
+        return operation("max", data, (self,), backward)
 
     # ----- shapes ----------------------------------------------------------------------------
     def reshape(self, *shape):
@@ -412,10 +386,7 @@ class Tensor:
         except ValueError:
             raise ValueError(f"reshape: a tensor of shape {self.shape} ({self.size} elements) cannot "
                              f"become shape {shape}") from None
-        out = _result(data, (self,), "reshape")
-        if out.requires_grad:
-            out._backward = lambda g: self._accumulate(g.reshape(self.shape))
-        return out
+        return operation("reshape", data, (self,), lambda g: g.reshape(self.shape))
 
     def transpose(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
@@ -423,11 +394,8 @@ class Tensor:
         axes = axes or tuple(reversed(range(self.ndim)))
         if sorted(a % max(self.ndim, 1) for a in axes) != list(range(self.ndim)):
             raise ValueError(f"transpose: axes {axes} are not a permutation of the {self.ndim} axes of shape {self.shape}")
-        out = _result(self.data.transpose(axes), (self,), "transpose")
-        if out.requires_grad:
-            inverse = np.argsort([a % self.ndim for a in axes])
-            out._backward = lambda g: self._accumulate(g.transpose(inverse))
-        return out
+        inverse = np.argsort([a % self.ndim for a in axes])
+        return operation("transpose", self.data.transpose(axes), (self,), lambda g: g.transpose(inverse))
 
     @property
     def T(self):
@@ -439,34 +407,55 @@ class Tensor:
             data = self.data[index]
         except IndexError as err:
             raise IndexError(f"indexing a tensor of shape {self.shape}: {err}") from None
-        out = _result(data, (self,), "getitem")
-        if out.requires_grad:
-            parts = index if isinstance(index, tuple) else (index,)
-            basic = all(isinstance(i, (int, np.integer, slice)) or i is None or i is Ellipsis for i in parts)
-            def backward(g):
-                grad = np.zeros_like(self.data)
-                if basic:
-                    grad[index] = g  # slices and integers pick each element at most once
-                else:
-                    # np.add.at adds once per occurrence: x[[0, 0]] sends two gradients to x[0].
-                    np.add.at(grad, index, g)
-                self._accumulate(grad)
-            out._backward = backward
-        return out
+        parts = index if isinstance(index, tuple) else (index,)
+        basic = all(isinstance(i, (int, np.integer, slice)) or i is None or i is Ellipsis for i in parts)
+
+        def backward(g):
+            grad = np.zeros_like(self.data)
+            if basic:
+                grad[index] = g  # slices and integers pick each element at most once
+            else:
+                # np.add.at adds once per occurrence: x[[0, 0]] sends two gradients to x[0].
+                np.add.at(grad, index, g)
+            return grad
+
+        return operation("getitem", data, (self,), backward)
 
 
-def _result(data, parents, op):
-    """A new tensor computed from `parents`. It records them only when a gradient is needed."""
-    out = Tensor.__new__(Tensor)
-    out.data = data if isinstance(data, np.ndarray) else np.asarray(data)
-    out.grad = None
-    out.label = ""
-    out._op = op
-    out._backward = None
-    needs = _grad_enabled and any(p.requires_grad for p in parents)
-    out.requires_grad = needs
-    out._parents = parents if needs else ()
-    return out
+@dispatchable
+def matmul(a, b):
+    """a @ b for tensors, as NumPy's matmul: batched, and broadcast over the leading axes."""
+    x, y = a.data, b.data
+    if x.ndim == 0 or y.ndim == 0:
+        raise _shape_error("@", a, b, "cannot be multiplied: @ needs at least one axis on each side")
+    k_b = y.shape[-2 if y.ndim > 1 else 0]
+    if x.shape[-1] != k_b:
+        raise _shape_error("@", a, b, f"do not match: the inner dimensions {x.shape[-1]} and {k_b} differ")
+    try:
+        data = x @ y
+    except ValueError:
+        raise _shape_error("@", a, b, "have batch dimensions that cannot be broadcast together") from None
+
+    def backward(g):
+        # Treat vectors as 1-row / 1-column matrices, then C = A B gives
+        # dA = dC B^T and dB = A^T dC, summed over any broadcast batch axes.
+        x2 = x[None, :] if x.ndim == 1 else x
+        y2 = y[:, None] if y.ndim == 1 else y
+        g2 = g
+        if y.ndim == 1:  # first: for vector @ vector, g is 0-d and needs its column axis first
+            g2 = np.expand_dims(g2, -1)
+        if x.ndim == 1:
+            g2 = np.expand_dims(g2, -2)
+        ga = gb = None
+        if a.requires_grad:
+            ga = g2 @ np.swapaxes(y2, -1, -2)
+            ga = unbroadcast(ga[..., 0, :] if x.ndim == 1 else ga, x.shape)
+        if b.requires_grad:
+            gb = np.swapaxes(x2, -1, -2) @ g2
+            gb = unbroadcast(gb[..., 0] if y.ndim == 1 else gb, y.shape)
+        return ga, gb
+
+    return operation("@", data, (a, b), backward)
 
 
 def _keep_axes(g, axis, keepdims, ndim):

@@ -42,7 +42,7 @@ def build(root, digraph, show_values=True, max_values=4, max_nodes=500):
     max_nodes: refuse to draw bigger graphs (graphviz would take minutes), with a clear error.
     """
     # The engine's own walk: every tensor the root depends on, inputs first, without recursion.
-    order = root._topological_order()
+    order = root.topological_order()
     if len(order) > max_nodes:
         raise ValueError(f"draw_graph: the graph has {len(order)} tensors, more than max_nodes={max_nodes}: "
                          f"draw a smaller piece, or pass a larger max_nodes")
@@ -51,13 +51,15 @@ def build(root, digraph, show_values=True, max_values=4, max_nodes=500):
     for i, t in enumerate(order):
         name = f"t{i}"
         names[id(t)] = name
-        style = {"style": "filled", "fillcolor": "#dde8f8"} if t.requires_grad and not t._parents else {}
+        style = {"style": "filled", "fillcolor": "#dde8f8"} if t.requires_grad and not t.inputs else {}
         digraph.node(name, _label(t, show_values, max_values), shape="box", **style)
-        if t._parents:
+        if t.inputs:
             op = f"op{n_ops}"
             n_ops += 1
-            digraph.node(op, t._op or "?", shape="ellipse", fontsize="10")
-            for parent in t._parents:
+            digraph.node(op, t.op or "?", shape="ellipse", fontsize="10")
+            for parent in t.inputs:
+                if parent is None:
+                    continue
                 digraph.edge(names[id(parent)], op)
             digraph.edge(op, name)
     return digraph, len(order)
