@@ -214,30 +214,37 @@ def sandbox_problem():
     return None
 
 
+# What a run sees of the machine, read-only: programs, libraries and settings.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix")
+
+
 def _sandbox_command(hide):
-    """bwrap arguments: the system read-only, `hide` (and /tmp) replaced by empty folders, then
-    Python and the course put back read-only; no network, no other processes in sight."""
+    """bwrap arguments for one run. It sees the system's programs and libraries, Python and the
+    course, all read-only, and nothing else: no home folder, no other submission, not the grader's
+    folder (`hide` names those that lie inside what it must see). It gets an empty /tmp of its
+    own, no network and no sight of other processes, and it dies with the grader."""
     import course
 
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                                           Path(sys.executable).resolve().parent, Path(course.__file__).parent)}
     keep |= {Path(p).resolve() for p in sys.path if p and "site-packages" in p and Path(p).is_dir()}
-    hide = {Path(h).resolve() for h in hide} | {Path.home().resolve(), Path("/tmp")}
 
     def under(a, b):
         return a != b and b in a.parents
 
     args = [shutil.which("bwrap"), "--die-with-parent", "--unshare-all", "--new-session",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    inside_kept = {h for h in hide if any(under(h, k) for k in keep)}
-    for h in sorted(hide - inside_kept, key=lambda p: len(p.parts)):
-        args += ["--tmpfs", str(h)]
+            "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):  # /bin -> usr/bin on most systems now
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
     for k in sorted(keep, key=lambda p: len(p.parts)):
         args += ["--ro-bind", str(k), str(k)]
-    # A hidden folder inside one put back (submissions inside the repository) is hidden again,
-    # unless Python or the course lies inside it.
-    for h in sorted(inside_kept, key=lambda p: len(p.parts)):
-        if not any(h == k or under(k, h) for k in keep):
+    # Submissions kept inside the repository or the system folders stay out of sight.
+    seen = keep | {Path(d) for d in SYSTEM_DIRS}
+    for h in sorted({Path(h).resolve() for h in hide}, key=lambda p: len(p.parts)):
+        if h.is_dir() and any(under(h, k) for k in seen) and not any(h == k or under(k, h) for k in keep):
             args += ["--tmpfs", str(h)]
     return args + ["--dir", "/tmp/work", "--chdir", "/tmp/work", "--setenv", "HOME", "/tmp/work", "--"]
 
@@ -454,12 +461,12 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
         # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
         env.update(KERNEL_ENV, **{MARKER_ENV: marker, "PYTHONNOUSERSITE": "1", "HOME": work,
                                   "IPYTHONDIR": f"{work}/.ipython", "JUPYTER_RUNTIME_DIR": f"{work}/.jupyter",
-                                  "JUPYTER_CONFIG_DIR": f"{work}/.jupyter", "MPLCONFIGDIR": f"{work}/.mpl"})
+                                  "JUPYTER_CONFIG_DIR": f"{work}/.jupyter", "MPLCONFIGDIR": f"{work}/.mpl",
+                                  "NUMBA_CACHE_DIR": f"{work}/.numba"})
         command = [sys.executable, "-c", "from course.grading import runner_main; runner_main()"]
         if sandbox:
             command = _sandbox_command(hide) + command
-            env.update(IPYTHONDIR="/tmp/work/.ipython", JUPYTER_RUNTIME_DIR="/tmp/work/.jupyter",
-                       JUPYTER_CONFIG_DIR="/tmp/work/.jupyter", MPLCONFIGDIR="/tmp/work/.mpl")
+            env.update({k: v.replace(work, "/tmp/work") for k, v in env.items() if v.startswith(work)})
         proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = [], []
@@ -473,7 +480,8 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-        _stop_everything(proc, marker)
+        finally:  # also when the instructor presses Ctrl-C
+            _stop_everything(proc, marker)
         for r in readers:
             r.join(timeout=5)
     if timed_out:
@@ -481,9 +489,15 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
     report = _verified_report(b"".join(out).decode(errors="replace"), key, exercises)
     if report is None:
         tail = b"".join(err).decode(errors="replace").strip().splitlines()[-1:] or [""]
-        how = f"exit status {proc.returncode}" if proc.returncode >= 0 else f"signal {-proc.returncode}"
-        return f"the run stopped before grading could check it ({how}) {tail[0]}".strip(), outcomes
+        return f"the run stopped before grading could check it ({_ending(proc.returncode)}) {tail[0]}".strip(), outcomes
     return report["status"], report["outcomes"]
+
+
+def _ending(code):
+    # bwrap passes a signal on as 128 + its number, as shells do.
+    if code < 0 or code > 128:
+        return f"killed by signal {-code if code < 0 else code - 128}"
+    return f"exit status {code}"
 
 
 def _verified_report(text, key, exercises):
@@ -597,7 +611,9 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True):
 
 def _summary(rows, ids, out):
     failed = sum(not r["status"].startswith("ok") for r in rows)
-    print(f"graded {len(rows)} notebooks: {len(rows) - failed} ran to the end, {failed} did not")
+    review = sum("review by hand" in r["status"] for r in rows)
+    print(f"graded {len(rows)} notebooks: {len(rows) - failed} ran to the end, {failed} failed to run"
+          + (f", {review} to review by hand (see their status)" if review else ""))
     for i in ids:
         scored = [r[i] == "passed" for r in rows if i in r]
         print(f"  {i}: {sum(scored) / len(scored):.2f} passed on average ({sum(scored)} of {len(scored)})")
