@@ -26,6 +26,7 @@ def main(argv=None):
     p.add_argument("--lesson", help="the handed-out lesson notebook they all answer (by default, "
                                     "the course's lesson with the submission's file name)")
     p.add_argument("--no-sandbox", action="store_true", help="do not use bubblewrap even where it works")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
 
     sub.add_parser("doctor", help="what this machine has for the course")
     p = sub.add_parser("notebooks", help="re-execute notebooks in place, in a fresh kernel")
@@ -41,7 +42,7 @@ def main(argv=None):
     elif args.command == "grade":
         from .grading import grade
         grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
-              sandbox=not args.no_sandbox)
+              sandbox=not args.no_sandbox, jobs=args.jobs)
     elif args.command == "doctor":
         from .doctor import main as doctor
         doctor()

@@ -22,6 +22,7 @@ import ast
 import csv
 import hashlib
 import hmac
+import io
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 from pathlib import Path
 
 from .notebooks import KERNEL_ENV, all_notebooks, repo_root
@@ -162,35 +164,45 @@ def _find_lesson(name, text, lessons):
 # ---- a second look for the instructor ----
 
 # Things an exercise answer never needs, and that code trying to fool the grader would use.
+# Comments are left out of the search; strings are not (a path to /proc is as telling as a call).
 SUSPECT = [(re.compile(p), what) for p, what in [
     (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b", "reaches into the checker"),
     (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\b__builtins__\b|\bbuiltins\b", "uses builtins"),
     (r"\bget_ipython\b|\bIPython\b", "uses IPython's insides"), (r"\bimportlib\b", "uses importlib"),
     (r"\bsys\s*\.\s*(stdout|stderr|_getframe|_current_frames|settrace|setprofile)\b", "uses sys's insides"),
-    (r"\bctypes\b|\bgc\s*\.|\binspect\b", "inspects the interpreter"),
-    (r"\bos\s*\.\s*(kill|killpg|environ|fork)\b|\bsignal\b|\bsubprocess\b", "handles processes"),
+    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b", "inspects the interpreter"),
+    (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
+     "handles processes"),
     (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
-    (r"\b(exec|eval|compile|setattr)\s*\(", "runs code from text or sets attributes"),
+    (r"\b(exec|eval|compile|setattr|__import__)\s*\(", "runs code from text or sets attributes"),
 ]]
+
+
+def _without_comments(source):
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        return " ".join(t.string for t in tokens if t.type != tokenize.COMMENT)
+    except (tokenize.TokenError, SyntaxError):
+        return source
 
 
 def review_notes(nb, lesson):
     """Why an instructor might look at a submission by hand: cells the lesson does not have that
     touch the machinery around the exercises, or that change an attribute of an imported module."""
     own = {c.source.strip() for c in _code_cells(lesson)}
+    trees = [_parse(c.source) for c in _code_cells(nb)]
+    modules = {a.asname or a.name.split(".")[0] for tree in trees for node in _walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
     notes = []
-    for n, cell in enumerate(_code_cells(nb), 1):
+    for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
         if cell.source.strip() in own:
             continue
-        source = cell.source.replace("from course.exercises import check", "")
+        source = _without_comments(cell.source).replace("from course . exercises import check", "")
         hits = [what for pattern, what in SUSPECT if pattern.search(source)]
-        tree = _parse(cell.source)
-        imported = {a.asname or a.name.split(".")[0] for node in _walk(tree)
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
         for node in _walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
             for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in imported:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
                     hits.append(f"sets {t.value.id}.{t.attr}")
         if hits:
             notes.append(f"code cell {n} {', '.join(dict.fromkeys(hits))}")
@@ -310,8 +322,8 @@ class _Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
 
-    def run(self, source, store_history=True):
-        """Run one cell; return (what it printed, its error or None, whether the kernel lives)."""
+    def run(self, source, store_history=True, keep_output=False):
+        """Run one cell; return (what it printed if asked, its error or None, whether the kernel lives)."""
         msg_id = self.kc.execute(source, store_history=store_history, allow_stdin=False)
         printed, error = [], None
         while True:
@@ -324,7 +336,7 @@ class _Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream" and content.get("name") == "stdout":
+            if kind == "stream" and content.get("name") == "stdout" and keep_output:
                 printed.append(content.get("text", ""))
             elif kind == "error":
                 error = f"{content.get('ename')}: {content.get('evalue')}"
@@ -340,7 +352,7 @@ def _run_checks(kernel, job, ran_to_end):
     """Run the grader's cell in the notebook's kernel; return {id: outcome} or why it failed."""
     tag = secrets.token_hex(16)  # made now: no cell of the notebook could have seen it
     source = FINAL_CELL % (tag, job["exercises"], job["sources"], job["part"], ran_to_end)
-    printed, error, _ = kernel.run(source, store_history=False)
+    printed, error, _ = kernel.run(source, store_history=False, keep_output=True)
     if error:
         return f"the checks could not run in this notebook's kernel: {error}"
     found = [line[len(tag):] for line in printed.splitlines() if line.startswith(tag)]
@@ -376,7 +388,7 @@ def runner_main():
             outcomes.update(checked)
         else:
             status = checked if status == "ok" else f"{status}; {checked}"
-    report = json.dumps({"status": status, "outcomes": outcomes})
+    report = json.dumps({"status": status[:PEEK], "outcomes": outcomes})
     sys.stdout.write(f"\n{RESULT_TAG} {_sign(key, report)} {report}\n")
     sys.stdout.flush()
     kernel.stop()
@@ -426,9 +438,13 @@ def _alive(p):
         return False
 
 
-def _read_into(stream, chunks):
-    for chunk in iter(lambda: stream.read(65536), b""):
-        chunks.append(chunk)
+def _read_into(stream, lines, keep=lambda line: True, most=200):
+    """Collect the lines of a stream worth keeping, and never too many: a notebook may write
+    junk into the runner's output for as long as it runs."""
+    for line in iter(lambda: stream.readline(1 << 16), b""):
+        if keep(line):
+            lines.append(line)
+            del lines[:-most]
 
 
 def _write(stream, data):
@@ -452,6 +468,7 @@ def _check_sources():
 def _run(cells, exercises, part, time_limit, sandbox, hide):
     """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes)."""
     key, marker = secrets.token_hex(32), secrets.token_hex(16)
+    tag = RESULT_TAG.encode()
     job = {"key": key, "cells": cells, "exercises": exercises, "part": part,
            "sources": _check_sources()}
     outcomes = {i: "not run" for i, _ in exercises}
@@ -470,8 +487,9 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
         proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = [], []
-        readers = [threading.Thread(target=_read_into, args=(s, buf), daemon=True)
-                   for s, buf in ((proc.stdout, out), (proc.stderr, err))]
+        readers = [threading.Thread(target=_read_into, args=(proc.stdout, out, lambda line: line.startswith(tag)),
+                                    daemon=True),
+                   threading.Thread(target=_read_into, args=(proc.stderr, err), daemon=True)]
         readers.append(threading.Thread(target=_write, args=(proc.stdin, json.dumps(job).encode()), daemon=True))
         for r in readers:
             r.start()
@@ -514,10 +532,11 @@ def _verified_report(text, key, exercises):
 
 
 def _prepare(path, data, lessons, lesson=None):
-    """What grading needs to know of one submission before anything runs."""
+    """What grading needs to know of one submission (its bytes, or why they could not be read)
+    before anything runs: the lesson it answers, its code cells, anything worth a second look."""
     import nbformat
 
-    text = data.decode("utf-8", errors="replace")
+    text = "" if isinstance(data, OSError) else data.decode("utf-8", errors="replace")
     lesson = Path(lesson) if lesson else _find_lesson(Path(path).name, text, lessons)
     if lesson is None:
         names = ", ".join(p.name for p in lessons[:3])
@@ -529,6 +548,9 @@ def _prepare(path, data, lessons, lesson=None):
         return {"problem": f"{lesson.name} has no exercises to grade", "exercises": []}
     job = {"lesson": lesson, "exercises": exercises,
            "part": "course.exercises.part" + exercises[0][0].split(".")[0]}
+    if isinstance(data, OSError):
+        job["problem"] = f"could not read it: {data.strerror or data}"
+        return job
     try:
         nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
@@ -540,10 +562,16 @@ def _prepare(path, data, lessons, lesson=None):
     return job
 
 
+def _read(path):
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        return err
+
+
 def grade_one(path, time_limit=300, lesson=None, sandbox=True):
     """Grade one notebook; return (status, {exercise id: outcome})."""
-    data = Path(path).read_bytes()
-    job = _prepare(path, data, lesson_notebooks() if lesson is None else [], lesson)
+    job = _prepare(path, _read(path), lesson_notebooks() if lesson is None else [], lesson)
     use_sandbox = sandbox and sandbox_problem() is None
     return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()})
 
@@ -553,32 +581,27 @@ def _grade_job(job, time_limit, sandbox, hide):
     if "problem" in job:
         return job["problem"][:PEEK], outcomes
     status, outcomes = _run(job["cells"], job["exercises"], job["part"], time_limit, sandbox, hide)
+    status = status[:PEEK]
     if job["review"]:
-        status = f"{status}; review by hand: {'; '.join(job['review'])}"
-    return status[:PEEK], outcomes
+        more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
+        status = f"{status}; review by hand: {'; '.join(job['review'][:3])}{more}"
+    return status, outcomes
 
 
-def grade(paths, out, time_limit=300, lesson=None, sandbox=True):
+def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
     """Grade notebooks and write one CSV row per notebook as each is graded; return the rows.
 
     Every submission is read before any runs, so what one does to another's file changes nothing.
-    `sandbox=True` uses bubblewrap where it works, and says so once when it does not.
+    `sandbox=True` uses bubblewrap where it works, and says so once when it does not. With
+    `jobs` > 1, that many notebooks run at once and rows come in the order they finish.
     """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     paths = [Path(p) for p in paths]
-    copies = []
-    for p in paths:
-        try:
-            copies.append(p.read_bytes())
-        except OSError as err:
-            copies.append(err)
+    copies = [_read(p) for p in paths]
     lessons = lesson_notebooks() if lesson is None else []
-    jobs = []
-    for p, data in zip(paths, copies):
-        if isinstance(data, OSError):
-            jobs.append({"problem": f"could not read: {data.strerror}", "exercises": []})
-        else:
-            jobs.append(_prepare(p, data, lessons, lesson))
-    ids = list(dict.fromkeys(i for job in jobs for i, _ in job["exercises"]))
+    submissions = [_prepare(p, data, lessons, lesson) for p, data in zip(paths, copies)]
+    ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))
 
     problem = sandbox_problem() if sandbox else "sandbox turned off"
     if problem:
@@ -586,25 +609,30 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True):
               f"user can; grades still come from copies read before any ran.")
     hide = {p.resolve().parent for p in paths} | {Path.cwd(), Path(out).resolve().parent}
 
+    def one(path, job):
+        start = time.monotonic()
+        try:
+            status, outcomes = _grade_job(job, time_limit, problem is None, hide)
+        except Exception as err:  # a bug of ours must not cost the rows still to come
+            status = f"grading failed: {type(err).__name__}: {err}"[:PEEK]
+            outcomes = {i: "not run" for i, _ in job["exercises"]}
+        passed = sum(v == "passed" for v in outcomes.values())
+        row = {"notebook": str(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
+        return row, time.monotonic() - start
+
     rows = []
-    with open(out, "w", newline="") as f:
+    with open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
         writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="")
         writer.writeheader()
         f.flush()
-        for n, (p, job) in enumerate(zip(paths, jobs), 1):
-            start = time.monotonic()
-            try:
-                status, outcomes = _grade_job(job, time_limit, problem is None, hide)
-            except Exception as err:  # a bug of ours must not cost the rows still to come
-                status = f"grading failed: {type(err).__name__}: {err}"[:PEEK]
-                outcomes = {i: "not run" for i, _ in job["exercises"]}
-            passed = sum(v == "passed" for v in outcomes.values())
-            row = {"notebook": str(p), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
+        running = [pool.submit(one, p, job) for p, job in zip(paths, submissions)]
+        for n, done in enumerate(running if jobs <= 1 else as_completed(running), 1):
+            row, seconds = done.result()
             writer.writerow(row)
             f.flush()
             rows.append(row)
-            print(f"[{n}/{len(paths)}] {p}: {status}, {passed}/{len(outcomes)} passed "
-                  f"({time.monotonic() - start:.0f} s)", flush=True)
+            print(f"[{n}/{len(paths)}] {row['notebook']}: {row['status']}, {row['passed']}/{row['total']} "
+                  f"passed ({seconds:.0f} s)", flush=True)
     _summary(rows, ids, out)
     return rows
 

@@ -147,16 +147,21 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     crashing = _lesson_nb()
     code = [c for c in crashing.cells if c.cell_type == "code"]
     code[2].source = "raise RuntimeError('this submission breaks here')\n" + code[2].source
+    # A worked notebook that breaks in the third exercise: the first two still count.
+    stops_early = nbformat.read(str(solution), as_version=4)
+    third = [c for c in stops_early.cells if c.cell_type == "code" and f'check("{ids[2]}"' in c.source][0]
+    third.source = "raise ValueError('stuck here')\n" + third.source
     victim = subs / "victim" / lesson.name
     paths = [submit("solution", solution.read_bytes()), submit("untouched", lesson.read_bytes()),
-             submit("crash", crashing), submit("not-json", b"{ this is not a notebook")]
+             submit("crash", crashing), submit("stops-early", stops_early),
+             submit("not-json", b"{ this is not a notebook")]
     forgeries = _forgeries(ids, victim, grader_dir)
     paths += [submit(name, nb) for name, nb in forgeries.items()]
     paths.append(submit("victim", solution.read_bytes()))
     before = {p: p.read_bytes() for p in paths}
 
     out = grader_dir / "grades.csv"
-    rows = grading.grade(paths, out, time_limit=60)
+    rows = grading.grade(paths, out, time_limit=60, jobs=2)
 
     changed = [p.parent.name for p in paths if p.read_bytes() != before[p]]
     assert changed in ([], ["victim"]), "grading itself must never modify a submission"
@@ -174,6 +179,9 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     crashed = table["crash"]
     assert crashed["status"].startswith("error in code cell 3: RuntimeError: this submission breaks here")
     assert all(crashed[i] == "not run" for i in ids)
+    early = table["stops-early"]
+    assert early["status"].startswith("error in code cell") and "ValueError: stuck here" in early["status"]
+    assert [early[i] for i in ids] == ["passed", "passed"] + ["not run"] * (len(ids) - 2)
     assert table["not-json"]["status"].startswith("not a notebook")
     assert all(table["not-json"][i] == "not run" for i in ids)
 
@@ -235,6 +243,32 @@ def test_review_notes_point_at_cells_that_touch_the_machinery():
     assert grading.review_notes(lesson, lesson) == []
     nb = _with_cell("import numpy as np\nnp.allclose = lambda *a, **k: True")
     assert grading.review_notes(nb, lesson) == [f"code cell {len(nb.cells)} sets np.allclose"]
+
+
+def test_a_submission_is_matched_to_its_lesson_by_name_or_by_the_ids_it_checks():
+    lessons = grading.lesson_notebooks()
+    lesson = _first_lesson()
+    assert grading._find_lesson(lesson.name, "", lessons) == lesson
+    assert grading._find_lesson(f"alice-{lesson.stem}.ipynb", "", lessons) == lesson
+    first_id = grading.exercise_ids(lesson)[0]
+    assert grading._find_lesson("homework.ipynb", f'check("{first_id}", f)', lessons) == lesson
+    assert grading._find_lesson("homework.ipynb", "", lessons) is None
+
+
+def test_only_a_signed_report_with_the_lessons_ids_counts():
+    exercises = [("1.1.1", "f"), ("1.1.2", "g")]
+    good = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}'
+    extra = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "passed", "1.1.9": "passed"}}'
+    odd = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "excellent"}}'
+
+    def line(payload, key="k"):
+        return f"{grading.RESULT_TAG} {grading._sign(key, payload)} {payload}"
+
+    junk = "\x00 not json {{{\n" + line(good, key="guessed") + "\nCOURSE-GRADE 00 " + good
+    assert grading._verified_report(junk, "k", exercises) is None
+    assert grading._verified_report(line(extra) + "\n" + line(odd), "k", exercises) is None
+    report = grading._verified_report(junk + "\n" + line(good), "k", exercises)
+    assert report == {"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}
 
 
 def test_lesson_notebooks_are_found():
