@@ -154,7 +154,7 @@ def _find_lesson(name, text, lessons):
         if lesson.stem in stem:
             return lesson
     # Only to choose the lesson: the ids graded are the lesson's own, whatever the submission says.
-    mentioned = re.findall(r"""check\(\s*["']([0-9]+\.[0-9]+)\.[0-9]+["']""", text)
+    mentioned = re.findall(r"""check\(\s*\\?["']([0-9]+\.[0-9]+)\.[0-9]+\\?["']""", text)  # in JSON: check(\"1.2.3\"
     for lesson in lessons:
         if mentioned and lesson.stem.split("-", 1)[0] == max(set(mentioned), key=mentioned.count):
             return lesson
@@ -174,7 +174,7 @@ SUSPECT = [(re.compile(p), what) for p, what in [
     (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
      "handles processes"),
     (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
-    (r"\b(exec|eval|compile|setattr|__import__)\s*\(", "runs code from text or sets attributes"),
+    (r"\b(exec|eval|compile|setattr|vars|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
 ]]
 
 
@@ -281,7 +281,8 @@ def _course_grade(tag, exercises, sources, part, ran_to_end):
             code = builtins.compile(sources[module.__name__], "<grader> " + module.__name__, "exec")
             builtins.exec(code, module.__dict__)
 
-    for name in [m for m in sys.modules if m == "course.exercises" or m.startswith("course.exercises.")]:
+    # A copy: threads the notebook started may import modules meanwhile.
+    for name in [m for m in sys.modules.copy() if m == "course.exercises" or m.startswith("course.exercises.")]:
         del sys.modules[name]
     finder = Source()
     sys.meta_path.insert(0, finder)
@@ -581,7 +582,7 @@ def _grade_job(job, time_limit, sandbox, hide):
     if "problem" in job:
         return job["problem"][:PEEK], outcomes
     status, outcomes = _run(job["cells"], job["exercises"], job["part"], time_limit, sandbox, hide)
-    status = status[:PEEK]
+    status = " ".join(status.split())[:PEEK]  # one line, however long the error message was
     if job["review"]:
         more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
         status = f"{status}; review by hand: {'; '.join(job['review'][:3])}{more}"
@@ -603,7 +604,7 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
     submissions = [_prepare(p, data, lessons, lesson) for p, data in zip(paths, copies)]
     ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))
 
-    problem = sandbox_problem() if sandbox else "sandbox turned off"
+    problem = sandbox_problem() if sandbox else "it was turned off"
     if problem:
         print(f"running without a sandbox: {problem}. Each submission can read and write what this "
               f"user can; grades still come from copies read before any ran.")
@@ -640,7 +641,8 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
 def _summary(rows, ids, out):
     failed = sum(not r["status"].startswith("ok") for r in rows)
     review = sum("review by hand" in r["status"] for r in rows)
-    print(f"graded {len(rows)} notebooks: {len(rows) - failed} ran to the end, {failed} failed to run"
+    print(f"graded {len(rows)} notebook{'' if len(rows) == 1 else 's'}: {len(rows) - failed} ran to the end, "
+          f"{failed} failed to run"
           + (f", {review} to review by hand (see their status)" if review else ""))
     for i in ids:
         scored = [r[i] == "passed" for r in rows if i in r]

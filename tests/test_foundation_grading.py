@@ -7,7 +7,6 @@ with and without bubblewrap; where it works, they also check what the sandbox ke
 """
 
 import csv
-import uuid
 from pathlib import Path
 
 import nbformat
@@ -114,7 +113,7 @@ def _forgeries(ids, victim, grader_dir):
             "        pass\n"
             "for name in ('checks.jsonl', 'status.txt', 'grades.csv'):\n"
             "    open(name, 'w').write('\\x00 junk {{{\\n')\n"
-            f"print('COURSE-GRADE 0000 ' + report)\nprint('not json {{{{')"),
+            "print('COURSE-GRADE 0000 ' + report)\nprint('not json {{')"),
         # Overwrites a classmate's submission (given on the grader's command line) and writes into
         # the grader's folder; the classmate is graded later.
         "overwrites-a-classmate": _with_cell(
@@ -135,8 +134,8 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     grader_dir.mkdir()
     monkeypatch.chdir(grader_dir)
 
-    def submit(student, content):
-        path = subs / student / lesson.name
+    def submit(student, content, name=lesson.name):
+        path = subs / student / name
         path.parent.mkdir(parents=True)
         if isinstance(content, bytes):
             path.write_bytes(content)
@@ -158,6 +157,13 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     forgeries = _forgeries(ids, victim, grader_dir)
     paths += [submit(name, nb) for name, nb in forgeries.items()]
     paths.append(submit("victim", solution.read_bytes()))
+    # The first worked lesson of every other part: the grader's fresh copy of the checks works for all.
+    others = {}
+    for folder in sorted((ROOT / "solutions").iterdir()):
+        if folder.is_dir() and folder.name != lesson.parent.name and list(folder.glob("*.ipynb")):
+            first = sorted(folder.glob("*.ipynb"))[0]
+            others[f"solution-{folder.name}"] = grading.exercise_ids(first)
+            paths.append(submit(f"solution-{folder.name}", first.read_bytes(), name=first.name))
     before = {p: p.read_bytes() for p in paths}
 
     out = grader_dir / "grades.csv"
@@ -167,10 +173,14 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     assert changed in ([], ["victim"]), "grading itself must never modify a submission"
     with open(out) as f:
         reader = csv.DictReader(f)
-        assert reader.fieldnames == ["notebook", "status", "passed", "total"] + ids
+        more = [i for other in others.values() for i in other]
+        assert reader.fieldnames == ["notebook", "status", "passed", "total"] + ids + more
         table = {Path(r["notebook"]).parent.name: r for r in reader}
     assert len(table) == len(paths) == len(rows)
-    assert all(r["total"] == str(len(ids)) for r in table.values())
+    for name, other in others.items():
+        row = table.pop(name)
+        assert row["status"] == "ok" and row["passed"] == row["total"] == str(len(other)), row
+    assert all(r["total"] == str(len(ids)) and not any(r[i] for i in more) for r in table.values())
 
     sol = table["solution"]
     assert sol["status"] == "ok" and all(sol[i] == "passed" for i in ids) and sol["passed"] == str(len(ids))
@@ -196,41 +206,6 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
         assert changed == [] and not (grader_dir / "dropped.txt").exists()
 
 
-def _never_ending_notebook(tmp_path, token):
-    nb = _short_handout()
-    nb.cells.append(nbformat.v4.new_code_cell(
-        "import subprocess, sys\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {token!r}],\n"
-        "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        "sum(range(10**14))  # one call into C: no Python signal handler runs until it returns"))
-    path = tmp_path / _first_lesson().name
-    nbformat.write(nb, str(path))
-    return path
-
-
-@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not SANDBOXED, reason="bubblewrap is not installed or cannot make a sandbox here"))])
-def test_a_notebook_that_runs_too_long_is_stopped_with_all_it_started(tmp_path, monkeypatch, sandbox):
-    psutil = pytest.importorskip("psutil")
-    marker = f"COURSE_GRADE_TEST_{uuid.uuid4().hex}"
-    monkeypatch.setattr(grading, "MARKER_ENV", marker)
-    token = f"orphan-{uuid.uuid4().hex}"
-    path = _never_ending_notebook(tmp_path, token)
-
-    status, outcomes = grading.grade_one(path, time_limit=6, sandbox=sandbox)
-
-    assert status.startswith("timed out after 6 s")
-    assert set(outcomes.values()) == {"not run"}
-    left = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and (marker in p.environ() or token in p.cmdline()):
-                left.append(p)
-        except psutil.Error:
-            pass
-    assert not left, f"processes of the graded notebook are still running: {left}"
-
-
 def test_a_notebook_of_no_known_lesson_is_not_run(tmp_path):
     path = tmp_path / "homework.ipynb"
     nbformat.write(nbformat.v4.new_notebook(), str(path))
@@ -252,6 +227,8 @@ def test_a_submission_is_matched_to_its_lesson_by_name_or_by_the_ids_it_checks()
     assert grading._find_lesson(f"alice-{lesson.stem}.ipynb", "", lessons) == lesson
     first_id = grading.exercise_ids(lesson)[0]
     assert grading._find_lesson("homework.ipynb", f'check("{first_id}", f)', lessons) == lesson
+    as_json = lesson.read_text().replace(lesson.stem, "")
+    assert grading._find_lesson("homework.ipynb", as_json, lessons) == lesson
     assert grading._find_lesson("homework.ipynb", "", lessons) is None
 
 
