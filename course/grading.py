@@ -466,6 +466,16 @@ def _check_sources():
     return sources
 
 
+def _user_site():
+    # Python looks for the user's packages under HOME, which a run gets a fresh one of: point it at
+    # the real ones if the course or its dependencies are there, else turn them off.
+    import site
+
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        return {"PYTHONUSERBASE": site.getuserbase()}
+    return {"PYTHONNOUSERSITE": "1"}
+
+
 def _run(cells, exercises, part, time_limit, sandbox, hide):
     """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes)."""
     key, marker = secrets.token_hex(32), secrets.token_hex(16)
@@ -477,7 +487,7 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
            if k == "PYTHONPATH" or not k.startswith(("JUPYTER", "IPYTHON", "PYTHON"))}
     with tempfile.TemporaryDirectory(prefix="grade-") as work:
         # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
-        env.update(KERNEL_ENV, **{MARKER_ENV: marker, "PYTHONNOUSERSITE": "1", "HOME": work,
+        env.update(KERNEL_ENV, **_user_site(), **{MARKER_ENV: marker, "HOME": work,
                                   "IPYTHONDIR": f"{work}/.ipython", "JUPYTER_RUNTIME_DIR": f"{work}/.jupyter",
                                   "JUPYTER_CONFIG_DIR": f"{work}/.jupyter", "MPLCONFIGDIR": f"{work}/.mpl",
                                   "NUMBA_CACHE_DIR": f"{work}/.numba"})

@@ -248,6 +248,13 @@ def test_only_a_signed_report_with_the_lessons_ids_counts():
     assert report == {"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}
 
 
+@pytest.mark.parametrize("lesson", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.stem)
+def test_worked_solutions_need_no_second_look(lesson):
+    solution = ROOT / "solutions" / lesson.parent.name / lesson.name
+    nbs = [nbformat.read(str(p), as_version=4) for p in (solution, lesson)]
+    assert grading.review_notes(*nbs) == []
+
+
 def test_lesson_notebooks_are_found():
     assert all(p.parts[-3] == "notebooks" for p in grading.lesson_notebooks())
     assert notebooks.all_notebooks(ROOT)
