@@ -485,7 +485,7 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
     outcomes = {i: "not run" for i, _ in exercises}
     env = {k: v for k, v in os.environ.items()
            if k == "PYTHONPATH" or not k.startswith(("JUPYTER", "IPYTHON", "PYTHON"))}
-    with tempfile.TemporaryDirectory(prefix="grade-") as work:
+    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as work:
         # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
         env.update(KERNEL_ENV, **_user_site(), **{MARKER_ENV: marker, "HOME": work,
                                   "IPYTHONDIR": f"{work}/.ipython", "JUPYTER_RUNTIME_DIR": f"{work}/.jupyter",
