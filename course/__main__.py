@@ -1,7 +1,7 @@
 """The course's command line: `python -m course COMMAND`.
 
     assign PARTS... --out DIR          lesson notebooks of the chosen parts, without solutions
-    grade NOTEBOOKS... --out FILE.csv  run submitted notebooks and write one row each
+    grade NOTEBOOKS... --out FILE.csv  run submitted notebooks, check their exercises, one row each
     doctor                             versions, graphviz, GPU or simulator
     notebooks [PATHS...]               re-execute notebooks in place (all of them by default)
     colab OWNER/NAME                   point badges and install cells at a fork
@@ -23,6 +23,10 @@ def main(argv=None):
     p.add_argument("notebooks", nargs="+")
     p.add_argument("--out", default="grades.csv")
     p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
+    p.add_argument("--lesson", help="the handed-out lesson notebook they all answer (by default, "
+                                    "the course's lesson with the submission's file name)")
+    p.add_argument("--no-sandbox", action="store_true", help="do not use bubblewrap even where it works")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
 
     sub.add_parser("doctor", help="what this machine has for the course")
     p = sub.add_parser("notebooks", help="re-execute notebooks in place, in a fresh kernel")
@@ -37,7 +41,8 @@ def main(argv=None):
         assign(args.parts, args.out)
     elif args.command == "grade":
         from .grading import grade
-        grade(args.notebooks, args.out, time_limit=args.time_limit)
+        grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
+              sandbox=not args.no_sandbox, jobs=args.jobs)
     elif args.command == "doctor":
         from .doctor import main as doctor
         doctor()

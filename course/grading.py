@@ -1,28 +1,42 @@
 """For instructors: hand out lessons without solutions, and grade what comes back.
 
     python -m course assign 1 2 --out handout/            lessons of parts 1 and 2, with a README
-    python -m course grade a.ipynb b.ipynb --out grades.csv
+    python -m course grade subs/*/1.1-derivatives.ipynb --out grades.csv
 
-Grading runs each submitted notebook on a copy, in a fresh kernel, under a time limit, and never
-touches the submission. Every `check(...)` the notebook runs appends its result to a log that
-grading reads back, so a row holds the outcome of each exercise the notebook contains.
+Grading does not trust the notebooks it grades:
+- every submission is read into memory before any of them runs, and grading runs that copy;
+- each one runs in a fresh kernel, in a private temporary folder, under a time limit, inside a
+  sandbox where the platform has one (bubblewrap on Linux): no network, no other submission, not
+  the grader's folder;
+- after the notebook's cells, the grader itself checks every exercise of the handed-out lesson on
+  the learner's functions, with checks loaded afresh from the course's source (not the
+  `course.exercises` that the notebook could have changed), and reads each outcome from a line
+  tagged with a random value that no earlier cell could know;
+- the runner that drives the kernel signs its report with a key the kernel never sees, so nothing
+  the notebook prints or writes can pass for a result;
+- when a notebook is done, or out of time, the kernel and every process it started are stopped.
+The README's "For instructors" section says what this does not protect against.
 """
 
+import ast
 import csv
+import hashlib
+import hmac
+import io
 import json
 import os
 import re
+import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import tokenize
 from pathlib import Path
 
-from .exercises._core import GRADE_LOG_ENV
 from .notebooks import KERNEL_ENV, all_notebooks, repo_root
-
-CHECK_CALL = re.compile(r"""check\(\s*["']([0-9]+(?:\.[0-9]+)+)["']""")
 
 STUDENT_README = """\
 # Exercises: {parts}
@@ -31,20 +45,30 @@ These notebooks are lessons of the course. Read each one top to bottom, run ever
 do the exercises at the end: replace each `raise NotImplementedError` with your code and run
 the cell. The `check(...)` line under it tells you at once whether your answer is right.
 
-Set up once, on your machine:
+Set up once, on your machine (Python 3.10 or newer):
 
-    python -m pip install "{git_url}"
+    python -m pip install "course[lab] @ {git_url}"
     jupyter lab
 
-or open a notebook in Colab, where its first cell installs the course.
+The `[lab]` part installs JupyterLab and the Python kernel along with the course. Or open a
+notebook in Colab, where its first cell installs the course.
 
-Hand in the notebooks themselves, saved after your last run. They are graded by running them
-again from the top in a fresh kernel, so make sure that "Restart kernel and run all cells" works.
+Hand in the notebooks themselves, keeping their file names. Grading reruns each notebook from
+the top in a fresh kernel, then checks your functions by the names the exercise cells use: keep
+those names, and make sure that "Restart kernel and run all cells" works from the top. Results
+printed in the notebook are not what is graded.
 
 Notebooks in this folder:
 {listing}
 """
 
+OUTCOMES = ("passed", "failed", "not attempted", "not run")
+RESULT_TAG = "COURSE-GRADE"       # the runner's report line: tag, signature, JSON
+MARKER_ENV = "COURSE_GRADE_RUN"   # set in every process of one run, to find them all afterwards
+PEEK = 300                        # longest status text
+
+
+# ---- handing out ----
 
 def _part_dirs(parts):
     root = repo_root()
@@ -77,101 +101,560 @@ def assign(parts, out):
     return out
 
 
+def lesson_notebooks():
+    return [p for p in all_notebooks() if p.parts[-3] == "notebooks"]
+
+
+# ---- what a lesson asks for ----
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _walk(tree):
+    return ast.walk(tree) if tree is not None else ()
+
+
+def _parse(source):
+    # IPython lines (%magic, !shell) are not Python: blank them so the rest still parses.
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def exercise_calls(nb):
+    """[(exercise id, name of the function checked)] for each `check("1.2.3", name)` of a notebook."""
+    found = {}
+    for cell in _code_cells(nb):
+        tree = _parse(cell.source)
+        for node in _walk(tree):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "check"
+                    and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str) and isinstance(node.args[1], ast.Name)):
+                found.setdefault(node.args[0].value, node.args[1].id)
+    return list(found.items())
+
+
 def exercise_ids(path):
     """The exercise ids a notebook checks, in order of first appearance."""
     import nbformat
 
-    nb = nbformat.read(str(path), as_version=4)
-    ids = []
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            for found in CHECK_CALL.findall(cell.source):
-                if found not in ids:
-                    ids.append(found)
-    return ids
+    return [i for i, _ in exercise_calls(nbformat.read(str(path), as_version=4))]
 
 
-def _run_one(path, status_file):
-    """Run in a child process: execute a notebook copy and write how it went to `status_file`."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+def _find_lesson(name, text, lessons):
+    """The handed-out lesson a submission answers: by its file name, else by the ids it checks."""
+    by_name = {p.name: p for p in lessons}
+    if name in by_name:
+        return by_name[name]
+    stem = Path(name).stem
+    for lesson in lessons:  # "alice-1.1-derivatives", "1.1-derivatives (2)" ...
+        if lesson.stem in stem:
+            return lesson
+    # Only to choose the lesson: the ids graded are the lesson's own, whatever the submission says.
+    mentioned = re.findall(r"""check\(\s*\\?["']([0-9]+\.[0-9]+)\.[0-9]+\\?["']""", text)  # in JSON: check(\"1.2.3\"
+    for lesson in lessons:
+        if mentioned and lesson.stem.split("-", 1)[0] == max(set(mentioned), key=mentioned.count):
+            return lesson
+    return None
 
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=None, kernel_name="python3",
-                            resources={"metadata": {"path": str(Path(path).parent)}})
-    status = "ok"
+
+# ---- a second look for the instructor ----
+
+# Things an exercise answer never needs, and that code trying to fool the grader would use.
+# Comments are left out of the search; strings are not (a path to /proc is as telling as a call).
+SUSPECT = [(re.compile(p), what) for p, what in [
+    (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b", "reaches into the checker"),
+    (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\b__builtins__\b|\bbuiltins\b", "uses builtins"),
+    (r"\bget_ipython\b|\bIPython\b", "uses IPython's insides"), (r"\bimportlib\b", "uses importlib"),
+    (r"\bsys\s*\.\s*(stdout|stderr|_getframe|_current_frames|settrace|setprofile)\b", "uses sys's insides"),
+    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b", "inspects the interpreter"),
+    (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
+     "handles processes"),
+    (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
+    (r"\b(exec|eval|compile|setattr|vars|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
+]]
+
+
+def _without_comments(source):
     try:
-        client.execute()
-    except CellExecutionError:
-        code_cells = [c for c in nb.cells if c.cell_type == "code"]
-        for i, cell in enumerate(code_cells, 1):
-            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            if errors:
-                status = f"error in code cell {i}: {errors[0]['ename']}: {errors[0]['evalue']}"[:300]
-                break
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        return " ".join(t.string for t in tokens if t.type != tokenize.COMMENT)
+    except (tokenize.TokenError, SyntaxError):
+        return source
+
+
+def review_notes(nb, lesson):
+    """Why an instructor might look at a submission by hand: cells the lesson does not have that
+    touch the machinery around the exercises, or that change an attribute of an imported module."""
+    own = {c.source.strip() for c in _code_cells(lesson)}
+    trees = [_parse(c.source) for c in _code_cells(nb)]
+    modules = {a.asname or a.name.split(".")[0] for tree in trees for node in _walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    notes = []
+    for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
+        if cell.source.strip() in own:
+            continue
+        source = _without_comments(cell.source).replace("from course . exercises import check", "")
+        hits = [what for pattern, what in SUSPECT if pattern.search(source)]
+        for node in _walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
+                    hits.append(f"sets {t.value.id}.{t.attr}")
+        if hits:
+            notes.append(f"code cell {n} {', '.join(dict.fromkeys(hits))}")
+    return notes
+
+
+# ---- the sandbox ----
+
+def sandbox_problem():
+    """None when bubblewrap can isolate a run here, else a sentence saying why not."""
+    if not sys.platform.startswith("linux"):
+        return f"no sandbox on {sys.platform}"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent",
+                            "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"bubblewrap cannot make a sandbox here ({probe.stderr.strip()[:120]})"
+    return None
+
+
+# What a run sees of the machine, read-only: programs, libraries and settings.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix")
+
+
+def _sandbox_command(hide):
+    """bwrap arguments for one run. It sees the system's programs and libraries, Python and the
+    course, all read-only, and nothing else: no home folder, no other submission, not the grader's
+    folder (`hide` names those that lie inside what it must see). It gets an empty /tmp of its
+    own, no network and no sight of other processes, and it dies with the grader."""
+    import course
+
+    keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                                          Path(sys.executable).resolve().parent, Path(course.__file__).parent)}
+    keep |= {Path(p).resolve() for p in sys.path if p and "site-packages" in p and Path(p).is_dir()}
+
+    def under(a, b):
+        return a != b and b in a.parents
+
+    args = [shutil.which("bwrap"), "--die-with-parent", "--unshare-all", "--new-session",
+            "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):  # /bin -> usr/bin on most systems now
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for k in sorted(keep, key=lambda p: len(p.parts)):
+        args += ["--ro-bind", str(k), str(k)]
+    # Submissions kept inside the repository or the system folders stay out of sight.
+    seen = keep | {Path(d) for d in SYSTEM_DIRS}
+    for h in sorted({Path(h).resolve() for h in hide}, key=lambda p: len(p.parts)):
+        if h.is_dir() and any(under(h, k) for k in seen) and not any(h == k or under(k, h) for k in keep):
+            args += ["--tmpfs", str(h)]
+    return args + ["--dir", "/tmp/work", "--chdir", "/tmp/work", "--setenv", "HOME", "/tmp/work", "--"]
+
+
+# ---- inside the sandbox: the runner, which drives the kernel ----
+
+# The grader's own cell, sent after the notebook's cells have run. It loads the checks from the
+# source text the grader read (course.exercises in this kernel may have been changed), checks the
+# lesson's functions from the notebook's namespace, and prints the outcomes after a random tag
+# that exists only in this cell.
+FINAL_CELL = '''\
+def _course_grade(tag, exercises, sources, part, ran_to_end):
+    import builtins, importlib.abc, importlib.util, json, sys
+
+    class Source(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name in sources:
+                return importlib.util.spec_from_loader(name, self, is_package=name == "course.exercises")
+        def create_module(self, spec):
+            return None
+        def exec_module(self, module):
+            code = builtins.compile(sources[module.__name__], "<grader> " + module.__name__, "exec")
+            builtins.exec(code, module.__dict__)
+
+    # A copy: threads the notebook started may import modules meanwhile.
+    for name in [m for m in sys.modules.copy() if m == "course.exercises" or m.startswith("course.exercises.")]:
+        del sys.modules[name]
+    finder = Source()
+    sys.meta_path.insert(0, finder)
+    try:
+        core = importlib.import_module("course.exercises._core")
+        importlib.import_module(part)
+    finally:
+        sys.meta_path.remove(finder)
+    defined = sys._getframe(0).f_globals
+    outcomes = {}
+    for exercise_id, name in exercises:
+        if name not in defined:
+            outcomes[exercise_id] = "not attempted" if ran_to_end else "not run"
+            continue
+        try:
+            outcomes[exercise_id] = core.check(exercise_id, defined[name]).status
+        except BaseException:
+            outcomes[exercise_id] = "failed"
+    sys.stdout.write("\\n" + tag + json.dumps(outcomes) + "\\n")
+    sys.stdout.flush()
+
+_course_grade(%r, %r, %r, %r, %r)
+'''
+
+
+class _Kernel:
+    """A fresh IPython kernel, driven through jupyter_client (nbclient would pull in nbformat and
+    its JSON-schema validation, which take longer to import than the kernel takes to start)."""
+
+    def __init__(self):
+        from jupyter_client import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        # No stdin or stdout of ours: what the kernel writes never reaches the runner's report.
+        self.km.start_kernel(cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, extra_arguments=["--HistoryManager.hist_file=:memory:"])
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def run(self, source, store_history=True, keep_output=False):
+        """Run one cell; return (what it printed if asked, its error or None, whether the kernel lives)."""
+        msg_id = self.kc.execute(source, store_history=store_history, allow_stdin=False)
+        printed, error = [], None
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except Exception:  # nothing for a second: is the kernel still there?
+                if not self.km.is_alive():
+                    return "".join(printed), "the kernel died", False
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream" and content.get("name") == "stdout" and keep_output:
+                printed.append(content.get("text", ""))
+            elif kind == "error":
+                error = f"{content.get('ename')}: {content.get('evalue')}"
+            elif kind == "status" and content.get("execution_state") == "idle":
+                return "".join(printed), error, True
+
+    def stop(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def _run_checks(kernel, job, ran_to_end):
+    """Run the grader's cell in the notebook's kernel; return {id: outcome} or why it failed."""
+    tag = secrets.token_hex(16)  # made now: no cell of the notebook could have seen it
+    source = FINAL_CELL % (tag, job["exercises"], job["sources"], job["part"], ran_to_end)
+    printed, error, _ = kernel.run(source, store_history=False, keep_output=True)
+    if error:
+        return f"the checks could not run in this notebook's kernel: {error}"
+    found = [line[len(tag):] for line in printed.splitlines() if line.startswith(tag)]
+    try:
+        (outcomes,) = [json.loads(line) for line in found]
+        assert sorted(outcomes) == sorted(i for i, _ in job["exercises"])
+        assert all(v in OUTCOMES for v in outcomes.values())
+    except (ValueError, TypeError, AssertionError):  # none, several, or not what was asked
+        return "the checks gave no readable result"
+    return outcomes
+
+
+def _sign(key, payload):
+    return hmac.new(key.encode(), payload.encode(), hashlib.sha256).hexdigest()
+
+
+def runner_main():
+    """The runner: read the job from stdin, run the cells in a kernel, then the checks; report on stdout."""
+    job = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    key = job.pop("key")
+    outcomes = {i: "not run" for i, _ in job["exercises"]}
+    kernel = _Kernel()
+    status, alive = "ok", True
+    for n, source in enumerate(job["cells"], 1):
+        _, error, alive = kernel.run(source)
+        if error:  # "Restart and run all" stops at the first error: so does grading
+            status = f"error in code cell {n}: {error}" if alive else f"the kernel died in code cell {n}"
+            break
+    if alive:
+        checked = _run_checks(kernel, job, ran_to_end=status == "ok")
+        if isinstance(checked, dict):
+            outcomes.update(checked)
         else:
-            status = "error while running"
-    except Exception as err:  # a kernel that dies, a notebook that is not JSON ...
-        status = f"could not run: {type(err).__name__}: {err}"[:300]
-    Path(status_file).write_text(status)
+            status = checked if status == "ok" else f"{status}; {checked}"
+    report = json.dumps({"status": status[:PEEK], "outcomes": outcomes})
+    sys.stdout.write(f"\n{RESULT_TAG} {_sign(key, report)} {report}\n")
+    sys.stdout.flush()
+    kernel.stop()
 
 
-def grade_one(path, time_limit):
-    """Grade one notebook; return (status, {exercise id: outcome})."""
-    path = Path(path)
+# ---- outside: the grader ----
+
+def _stop_everything(proc, marker):
+    """Stop the runner, its kernel and whatever they started, wherever they went: the kernel runs
+    in a session of its own, so a process group is not enough. Processes are found as children of
+    the runner and by the marker in their environment; they are frozen first so none can fork."""
+    import psutil
+
+    for _ in range(10):
+        found = {}
+        if proc.poll() is None:  # not yet reaped, so its pid cannot belong to anyone else
+            try:
+                runner = psutil.Process(proc.pid)
+                found = {p.pid: p for p in [runner, *runner.children(recursive=True)]}
+            except psutil.Error:
+                pass
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and p.environ().get(MARKER_ENV) == marker:
+                    found[p.pid] = p
+            except psutil.Error:
+                pass
+        alive = [p for p in found.values() if _alive(p)]
+        if not alive:
+            break
+        for action in ("suspend", "kill"):
+            for p in alive:
+                try:
+                    getattr(p, action)()
+                except psutil.Error:
+                    pass
+        psutil.wait_procs(alive, timeout=2)
+    proc.wait()
+
+
+def _alive(p):
+    import psutil
+
     try:
-        ids = exercise_ids(path)
-    except Exception as err:
-        return f"could not read: {type(err).__name__}: {err}"[:300], {}
-    outcomes = {i: "not run" for i in ids}
-    with tempfile.TemporaryDirectory(prefix="grade-") as work:
-        copy = Path(work) / path.name
-        shutil.copyfile(path, copy)
-        log = Path(work) / "checks.jsonl"
-        status_file = Path(work) / "status.txt"
-        env = dict(os.environ, **KERNEL_ENV, **{GRADE_LOG_ENV: str(log)})
-        # A session of its own, so a notebook that runs too long is stopped with its kernel.
-        proc = subprocess.Popen([sys.executable, "-c",
-                                 "import sys; from course.grading import _run_one; _run_one(sys.argv[1], sys.argv[2])",
-                                 str(copy), str(status_file)], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _read_into(stream, lines, keep=lambda line: True, most=200):
+    """Collect the lines of a stream worth keeping, and never too many: a notebook may write
+    junk into the runner's output for as long as it runs."""
+    for line in iter(lambda: stream.readline(1 << 16), b""):
+        if keep(line):
+            lines.append(line)
+            del lines[:-most]
+
+
+def _write(stream, data):
+    try:
+        stream.write(data)
+        stream.close()
+    except OSError:  # the runner is gone already: its status will say so
+        pass
+
+
+def _check_sources():
+    """The source of every module of course.exercises, read by the grader."""
+    folder = Path(__file__).parent / "exercises"
+    sources = {}
+    for path in sorted(folder.glob("*.py")):
+        name = "course.exercises" if path.stem == "__init__" else f"course.exercises.{path.stem}"
+        sources[name] = path.read_text(encoding="utf-8")
+    return sources
+
+
+def _user_site():
+    # Python looks for the user's packages under HOME, which a run gets a fresh one of: point it at
+    # the real ones if the course or its dependencies are there, else turn them off.
+    import site
+
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        return {"PYTHONUSERBASE": site.getuserbase()}
+    return {"PYTHONNOUSERSITE": "1"}
+
+
+def _run(cells, exercises, part, time_limit, sandbox, hide):
+    """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes)."""
+    key, marker = secrets.token_hex(32), secrets.token_hex(16)
+    tag = RESULT_TAG.encode()
+    job = {"key": key, "cells": cells, "exercises": exercises, "part": part,
+           "sources": _check_sources()}
+    outcomes = {i: "not run" for i, _ in exercises}
+    env = {k: v for k, v in os.environ.items()
+           if k == "PYTHONPATH" or not k.startswith(("JUPYTER", "IPYTHON", "PYTHON"))}
+    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as work:
+        # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
+        env.update(KERNEL_ENV, **_user_site(), **{MARKER_ENV: marker, "HOME": work,
+                                  "IPYTHONDIR": f"{work}/.ipython", "JUPYTER_RUNTIME_DIR": f"{work}/.jupyter",
+                                  "JUPYTER_CONFIG_DIR": f"{work}/.jupyter", "MPLCONFIGDIR": f"{work}/.mpl",
+                                  "NUMBA_CACHE_DIR": f"{work}/.numba"})
+        command = [sys.executable, "-c", "from course.grading import runner_main; runner_main()"]
+        if sandbox:
+            command = _sandbox_command(hide) + command
+            env.update({k: v.replace(work, "/tmp/work") for k, v in env.items() if v.startswith(work)})
+        proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = [], []
+        readers = [threading.Thread(target=_read_into, args=(proc.stdout, out, lambda line: line.startswith(tag)),
+                                    daemon=True),
+                   threading.Thread(target=_read_into, args=(proc.stderr, err), daemon=True)]
+        readers.append(threading.Thread(target=_write, args=(proc.stdin, json.dumps(job).encode()), daemon=True))
+        for r in readers:
+            r.start()
         try:
             proc.wait(timeout=time_limit)
-            status = status_file.read_text() if status_file.exists() else "could not run"
+            timed_out = False
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status = f"timed out after {time_limit} s"
-        if log.exists():
-            for line in log.read_text().splitlines():
-                entry = json.loads(line)
-                outcomes[entry["id"]] = entry["status"]
+            timed_out = True
+        finally:  # also when the instructor presses Ctrl-C
+            _stop_everything(proc, marker)
+        for r in readers:
+            r.join(timeout=5)
+    if timed_out:
+        return f"timed out after {time_limit:g} s", outcomes
+    report = _verified_report(b"".join(out).decode(errors="replace"), key, exercises)
+    if report is None:
+        tail = b"".join(err).decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return f"the run stopped before grading could check it ({_ending(proc.returncode)}) {tail[0]}".strip(), outcomes
+    return report["status"], report["outcomes"]
+
+
+def _ending(code):
+    # bwrap passes a signal on as 128 + its number, as shells do.
+    if code < 0 or code > 128:
+        return f"killed by signal {-code if code < 0 else code - 128}"
+    return f"exit status {code}"
+
+
+def _verified_report(text, key, exercises):
+    """The runner's report, if one line carries its signature and says only what it may say."""
+    ids = [i for i, _ in exercises]
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0] == RESULT_TAG and hmac.compare_digest(parts[1], _sign(key, parts[2])):
+            report = json.loads(parts[2])
+            outcomes = report.get("outcomes", {})
+            if sorted(outcomes) == sorted(ids) and all(v in OUTCOMES for v in outcomes.values()):
+                return {"status": str(report.get("status"))[:PEEK], "outcomes": outcomes}
+    return None
+
+
+def _prepare(path, data, lessons, lesson=None):
+    """What grading needs to know of one submission (its bytes, or why they could not be read)
+    before anything runs: the lesson it answers, its code cells, anything worth a second look."""
+    import nbformat
+
+    text = "" if isinstance(data, OSError) else data.decode("utf-8", errors="replace")
+    lesson = Path(lesson) if lesson else _find_lesson(Path(path).name, text, lessons)
+    if lesson is None:
+        names = ", ".join(p.name for p in lessons[:3])
+        return {"problem": f"no lesson of the course is named like this notebook ({names}, ...): "
+                           f"keep the handed-out file name, or give --lesson", "exercises": []}
+    handed_out = nbformat.read(str(lesson), as_version=4)
+    exercises = exercise_calls(handed_out)
+    if not exercises:
+        return {"problem": f"{lesson.name} has no exercises to grade", "exercises": []}
+    job = {"lesson": lesson, "exercises": exercises,
+           "part": "course.exercises.part" + exercises[0][0].split(".")[0]}
+    if isinstance(data, OSError):
+        job["problem"] = f"could not read it: {data.strerror or data}"
+        return job
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+    except Exception as err:
+        job["problem"] = f"not a notebook: {type(err).__name__}: {err}"
+        return job
+    job["review"] = review_notes(nb, handed_out)
+    job["cells"] = [c.source for c in _code_cells(nb)]
+    return job
+
+
+def _read(path):
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        return err
+
+
+def grade_one(path, time_limit=300, lesson=None, sandbox=True):
+    """Grade one notebook; return (status, {exercise id: outcome})."""
+    job = _prepare(path, _read(path), lesson_notebooks() if lesson is None else [], lesson)
+    use_sandbox = sandbox and sandbox_problem() is None
+    return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()})
+
+
+def _grade_job(job, time_limit, sandbox, hide):
+    outcomes = {i: "not run" for i, _ in job["exercises"]}
+    if "problem" in job:
+        return job["problem"][:PEEK], outcomes
+    status, outcomes = _run(job["cells"], job["exercises"], job["part"], time_limit, sandbox, hide)
+    status = " ".join(status.split())[:PEEK]  # one line, however long the error message was
+    if job["review"]:
+        more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
+        status = f"{status}; review by hand: {'; '.join(job['review'][:3])}{more}"
     return status, outcomes
 
 
-def grade(paths, out, time_limit=300):
-    """Grade notebooks and write one CSV row per notebook; return the rows."""
-    rows = []
-    for p in paths:
-        status, outcomes = grade_one(p, time_limit)
-        rows.append({"notebook": str(p), "status": status, **outcomes})
+def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
+    """Grade notebooks and write one CSV row per notebook as each is graded; return the rows.
+
+    Every submission is read before any runs, so what one does to another's file changes nothing.
+    `sandbox=True` uses bubblewrap where it works, and says so once when it does not. With
+    `jobs` > 1, that many notebooks run at once and rows come in the order they finish.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    paths = [Path(p) for p in paths]
+    copies = [_read(p) for p in paths]
+    lessons = lesson_notebooks() if lesson is None else []
+    submissions = [_prepare(p, data, lessons, lesson) for p, data in zip(paths, copies)]
+    ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))
+
+    problem = sandbox_problem() if sandbox else "it was turned off"
+    if problem:
+        print(f"running without a sandbox: {problem}. Each submission can read and write what this "
+              f"user can; grades still come from copies read before any ran.")
+    hide = {p.resolve().parent for p in paths} | {Path.cwd(), Path(out).resolve().parent}
+
+    def one(path, job):
+        start = time.monotonic()
+        try:
+            status, outcomes = _grade_job(job, time_limit, problem is None, hide)
+        except Exception as err:  # a bug of ours must not cost the rows still to come
+            status = f"grading failed: {type(err).__name__}: {err}"[:PEEK]
+            outcomes = {i: "not run" for i, _ in job["exercises"]}
         passed = sum(v == "passed" for v in outcomes.values())
-        print(f"{p}: {status}, {passed}/{len(outcomes)} exercises passed")
-    ids = []
-    for row in rows:
-        ids += [k for k in row if k not in ("notebook", "status") and k not in ids]
-    fields = ["notebook", "status", "passed", "total"] + ids
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, restval="")
+        row = {"notebook": str(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
+        return row, time.monotonic() - start
+
+    rows = []
+    with open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
+        writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="")
         writer.writeheader()
-        for row in rows:
-            outcomes = {k: v for k, v in row.items() if k not in ("notebook", "status")}
-            writer.writerow({**row, "passed": sum(v == "passed" for v in outcomes.values()),
-                             "total": len(outcomes)})
-    print(f"wrote {out}")
+        f.flush()
+        running = [pool.submit(one, p, job) for p, job in zip(paths, submissions)]
+        for n, done in enumerate(running if jobs <= 1 else as_completed(running), 1):
+            row, seconds = done.result()
+            writer.writerow(row)
+            f.flush()
+            rows.append(row)
+            print(f"[{n}/{len(paths)}] {row['notebook']}: {row['status']}, {row['passed']}/{row['total']} "
+                  f"passed ({seconds:.0f} s)", flush=True)
+    _summary(rows, ids, out)
     return rows
 
 
-def lesson_notebooks():
-    return [p for p in all_notebooks() if p.parts[-3] == "notebooks"]
+def _summary(rows, ids, out):
+    failed = sum(not r["status"].startswith("ok") for r in rows)
+    review = sum("review by hand" in r["status"] for r in rows)
+    print(f"graded {len(rows)} notebook{'' if len(rows) == 1 else 's'}: {len(rows) - failed} ran to the end, "
+          f"{failed} failed to run"
+          + (f", {review} to review by hand (see their status)" if review else ""))
+    for i in ids:
+        scored = [r[i] == "passed" for r in rows if i in r]
+        print(f"  {i}: {sum(scored) / len(scored):.2f} passed on average ({sum(scored)} of {len(scored)})")
+    print(f"wrote {out}")

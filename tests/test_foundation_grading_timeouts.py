@@ -1,0 +1,54 @@
+"""Grading stops a notebook that never ends, with every process it started, sandbox or not.
+
+Apart from the other grading tests so that, run in parallel, they do not wait for each other.
+"""
+
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from course import grading
+
+pytestmark = [pytest.mark.foundation, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = sorted((ROOT / "notebooks" / "1-micrograd").glob("*.ipynb"))[0]
+SANDBOXED = grading.sandbox_problem() is None
+
+
+def _never_ending_notebook(tmp_path, token):
+    nb = nbformat.read(str(LESSON), as_version=4)
+    nb.cells = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
+    nb.cells.insert(0, nbformat.v4.new_code_cell("from course.exercises import check"))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {token!r}],\n"
+        "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "sum(range(10**14))  # one call into C: no Python signal handler runs until it returns"))
+    path = tmp_path / LESSON.name
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not SANDBOXED, reason="bubblewrap is not installed or cannot make a sandbox here"))])
+def test_a_notebook_that_runs_too_long_is_stopped_with_all_it_started(tmp_path, monkeypatch, sandbox):
+    marker = f"COURSE_GRADE_TEST_{uuid.uuid4().hex}"
+    monkeypatch.setattr(grading, "MARKER_ENV", marker)
+    token = f"orphan-{uuid.uuid4().hex}"
+    path = _never_ending_notebook(tmp_path, token)
+
+    status, outcomes = grading.grade_one(path, time_limit=6, sandbox=sandbox)
+
+    assert status.startswith("timed out after 6 s")
+    assert set(outcomes.values()) == {"not run"}
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and (marker in p.environ() or token in p.cmdline()):
+                left.append(p)
+        except psutil.Error:
+            pass
+    assert not left, f"processes of the graded notebook are still running: {left}"
