@@ -35,15 +35,21 @@ def gpu_report():
 
 
 def main():
-    print(f"python       {platform.python_version()} ({sys.executable})")
-    for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "jupyterlab", "nbval", "pytest",
-                 "hypothesis", "torch"):
-        print(f"{name:<12} {_version(name)}")
+    print(f"python         {platform.python_version()} ({sys.executable})")
+    for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "threadpoolctl", "jupyterlab",
+                 "ipywidgets", "nbval", "pytest", "hypothesis"):
+        print(f"{name:<14} {_version(name)}")
+    torch = _version("torch")
+    if torch.startswith("not importable"):
+        # PyTorch is an optional reference: the course and its lessons never need it.
+        torch += (": optional, only the `reference` tests compare with it and are skipped without it "
+                  "(pip install -e '.[reference]' to add it)")
+    print(f"{'torch':<14} {torch}")
     dot = shutil.which("dot")
     if dot:
         version = subprocess.run([dot, "-V"], capture_output=True, text=True).stderr.strip()
-        print(f"dot          {version}")
+        print(f"dot            {version}")
     else:
-        print("dot          missing: graphs will not be drawn (apt-get install graphviz, brew install "
+        print("dot            missing: graphs will not be drawn (apt-get install graphviz, brew install "
               "graphviz, or conda install graphviz)")
-    print(f"GPU kernels  {gpu_report()}")
+    print(f"GPU kernels    {gpu_report()}")
