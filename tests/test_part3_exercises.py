@@ -177,6 +177,19 @@ def tanh_grad_by_gradients(y, g):
     return dy
 
 
+def _ops():
+    from course.minitf import ops
+    return ops
+
+
+def fits_by_check_feed(declared, actual):
+    try:
+        _ops().check_feed("x", declared, np.zeros(actual))
+    except ValueError:
+        return False
+    return True
+
+
 def _shapes():
     from course.minitf import shapes
     return shapes
@@ -189,6 +202,8 @@ for exercise_id, wrong, words in [
      ["write this yourself", "course.minitf.shapes.compatible"]),
     ("3.2.1", softmax_backward_by_gradients, ["write this yourself", "course.minitf.gradients"]),
     ("3.2.2", lambda grad, shape: unbroadcast(grad, shape), ["write this yourself", "course.tensor.unbroadcast"]),
+    ("3.2.2", lambda grad, shape: _ops().sum_to_shape(grad, shape), ["write this yourself", "course.tensor.unbroadcast"]),
+    ("3.1.3", fits_by_check_feed, ["write this yourself", "course.minitf.ops.check_feed"]),
     ("3.2.3", tanh_grad_by_gradients, ["write this yourself", "course.minitf.gradients"]),
     ("3.3.1", lambda a, b: _shapes().matmul(a, b), ["write this yourself", "course.minitf.shapes.matmul"]),
     ("3.3.3", lambda shape, axis=None, keepdims=False: _shapes().reduce(shape, axis, keepdims),
