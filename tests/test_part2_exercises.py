@@ -276,6 +276,8 @@ for exercise_id, wrong, words in [
     ("2.1.3", matmul_backward_by_autograd, ["write this yourself", "course.tensor.Tensor.backward"]),
     ("2.2.1", momentum_by_library, ["write this yourself", "course.optim.SGD"]),
     ("2.2.2", adam_by_library, ["write this yourself", "course.optim.Adam"]),
+    ("2.2.2", lambda p, grad, m, v, t, lr, beta1, beta2, eps: adam_step(p, grad, m, v, t, lr, beta1, beta2, 1e-8),
+     ["eps=0.5"]),
     ("2.2.3", clip_by_library, ["write this yourself", "course.optim.clip_grad_norm_"]),
     ("2.2.4", warmup_cosine_by_library, ["write this yourself", "course.optim.warmup_cosine"]),
     ("2.2.4", _library_warmup_cosine(), ["library's own function"]),

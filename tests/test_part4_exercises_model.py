@@ -214,6 +214,8 @@ for exercise_id, wrong, words in [
     ("4.4.4", cache_by_the_library, ["write this yourself", "course.gpt.KVCache"]),
     ("4.4.5", lr_by_the_library, ["write this yourself", "course.optim.warmup_cosine"]),
     ("4.3.3", lambda x, ln_1, attn, ln_2, mlp: x + attn(ln_1(x)), ["expected result"]),
+    ("4.3.2", lambda x, weight, bias, eps=1e-5: layer_norm(x, weight, bias), ["with eps=0.1"]),
+    ("4.3.4", lambda logits, targets, ignore_index=-1: cross_entropy(logits, targets), ["with ignore_index=5"]),
     ("4.4.1", lambda data, starts, block_size: data[starts[:, None] + np.arange(block_size)], ["expected a pair"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))

@@ -122,7 +122,8 @@ def _(candidate, rng):
           forbid=["course.optim.Adam", "course.optim.AdamW"], task="write the Adam update in NumPy")
 def _(candidate, rng):
     cases = [(np.array([1.0]), [np.array([1.0]), np.array([-1.0]), np.array([2.0])], 0.1, 0.5, 0.75, 0.0),
-             (rng.normal(size=(3, 2)), [rng.normal(size=(3, 2)) for _ in range(4)], 0.01, 0.9, 0.999, 1e-8)]
+             (rng.normal(size=(3, 2)), [rng.normal(size=(3, 2)) for _ in range(4)], 0.01, 0.9, 0.999, 1e-8),
+             (rng.normal(size=4), [rng.normal(size=4) * 0.1 for _ in range(2)], 0.1, 0.8, 0.9, 0.5)]  # a large eps
     for p0, grads, lr, b1, b2, eps in cases:
         p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
         ep, em, ev = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)

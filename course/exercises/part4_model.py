@@ -74,6 +74,11 @@ def _(candidate, rng):
     for x, w, b, on in cases:
         got = call(candidate, x.copy(), w.copy(), b.copy(), on=on)
         expect_close(got, _ref_layer_norm(x, w, b), on=on, rtol=1e-5, atol=1e-6)  # float32 work passes
+    # the eps it is given: with eps=0.1 the row [0, 0.5] normalises to about +-0.62, not +-1
+    x, w, b = np.array([[0.0, 0.5], [2.0, 1.0]]), np.ones(2), np.zeros(2)
+    on = "x=[[0, 0.5], [2, 1]] with eps=0.1"
+    got = call(candidate, x.copy(), w.copy(), b.copy(), eps=0.1, on=on)
+    expect_close(got, _ref_layer_norm(x, w, b, eps=0.1), on=on, rtol=1e-5, atol=1e-6)
 
 
 @exercise("4.3.3", hint="pre-LayerNorm: each sublayer reads a normalised copy of the residual stream and "
@@ -128,6 +133,11 @@ def _(candidate, rng):
         if arr is not None and not np.isfinite(arr):
             raise CheckFailed(f"the loss is {float(arr)} on {on}: subtract the row max before np.exp")
         expect_close(got, _ref_ce(logits, targets), on=on, rtol=1e-6, atol=1e-9, what="loss")
+    # the ignore_index it is given, not always -1
+    logits, targets = rng.normal(size=(1, 4, 6)), np.array([[2, 5, 0, 5]])
+    on = "random logits (1, 4, 6), targets [[2, 5, 0, 5]] with ignore_index=5"
+    got = call(candidate, logits.copy(), targets.copy(), ignore_index=5, on=on)
+    expect_close(got, _ref_ce(logits, targets, ignore_index=5), on=on, rtol=1e-6, atol=1e-9, what="loss")
 
 
 # ---- 4.4 training and sampling ------------------------------------------------------------------
