@@ -167,7 +167,7 @@ def unavailable(*paths, task="", namespaces=()):
             obj, owner, name = _resolve(path)
             if getattr(obj, "blocked", False):  # another name of a function blocked already
                 continue
-            originals.append(obj)
+            originals.append((obj, path))
             message = (f"write this yourself: the exercise asks you to {task or 'write it'} "
                        f"without calling {path}")
             if inspect.isclass(obj):  # block construction, keep isinstance working
@@ -202,10 +202,14 @@ def unavailable(*paths, task="", namespaces=()):
                 setattr(target, name, old)
 
 
-def _is_one_of(candidate, originals):
+def _library_path(candidate, originals):
+    """The path of the blocked library function that `candidate` is, or None."""
     inner = candidate.func if isinstance(candidate, functools.partial) else candidate
     inner = getattr(inner, "__func__", inner)  # a bound method
-    return any(inner is o or inner is getattr(o, "__func__", None) for o in originals)
+    for obj, path in originals:
+        if inner is obj or inner is getattr(obj, "__func__", None):
+            return path
+    return None
 
 
 def _show(value, limit=120):
@@ -282,8 +286,13 @@ def _failed(exercise_id, entry, text):
     hint = entry.hint
     if entry.answer_hint and (entry.failures >= ANSWER_AFTER or not hint):
         hint = f"{hint.rstrip('.')}. In full: {entry.answer_hint}" if hint else entry.answer_hint
-    tail = f" Hint: {hint.rstrip('.')}." if hint else ""
-    return CheckResult(exercise_id, "failed", f"[{exercise_id}] failed: {text.rstrip('.')}.{tail}")
+    tail = f" Hint: {_sentence(hint)}" if hint else ""
+    return CheckResult(exercise_id, "failed", f"[{exercise_id}] failed: {_sentence(text)}{tail}")
+
+
+def _sentence(text):
+    text = text.rstrip()
+    return text if text.endswith(("?", "!")) else text.rstrip(".") + "."
 
 
 def _load_part(exercise_id):
@@ -324,9 +333,10 @@ def check(exercise_id, candidate):
     try:
         namespaces = [getattr(inspect.unwrap(candidate), "__globals__", None)]
         with unavailable(*entry.forbid, task=entry.task, namespaces=namespaces) as originals:
-            if _is_one_of(candidate, originals):
-                raise CheckFailed("that is the library's own function: write this yourself, the exercise asks "
-                                  f"you to {entry.task or 'write it'}")
+            library = _library_path(candidate, originals)
+            if library:
+                raise CheckFailed(f"you passed {library}, the library's own function: write this yourself, the "
+                                  f"exercise asks you to {entry.task or 'write it'}")
             entry.fn(candidate, rng)
     except (_NotAttempted, NotImplementedError):
         result = CheckResult(exercise_id, "not attempted",

@@ -178,7 +178,7 @@ def _warmup_cosine(step, warmup, total, min_ratio):
                         "cosine from 1 down to min_ratio, then min_ratio from total_steps on",
           answer_hint="during warm-up (step + 1) / warmup_steps; then with progress = (step - warmup_steps) / "
                       "(total_steps - warmup_steps): min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2",
-          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule yourself")
+          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule")
 def _(candidate, rng):
     settings = [(4, 12, 0.0), (10, 100, 0.1), (int(rng.integers(1, 20)), int(rng.integers(30, 80)), 0.05)]
     for warmup, total, min_ratio in settings:

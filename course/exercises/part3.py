@@ -30,7 +30,7 @@ def _graph_with_waste():
                         "that each appears once",
           answer_hint="depth-first from the fetch: visit a node's inputs first, then append the node; skip a "
                       "node already visited (a stack of (node, inputs_done) pairs avoids recursion)",
-          forbid=["course.minitf.topological_order"], task="write the depth-first order yourself")
+          forbid=["course.minitf.topological_order"], task="write the depth-first order")
 def _(candidate, rng):
     import course.minitf as tf
 
@@ -92,7 +92,7 @@ def _(candidate, rng):
           answer_hint="declared is None or (len(declared) == len(actual) and all(d is None or d == a for d, a "
                       "in zip(declared, actual)))",
           forbid=["course.minitf.shapes.compatible", "course.minitf.ops.check_feed"],
-          task="write the comparison yourself")
+          task="write the comparison")
 def _(candidate, rng):
     cases = [((None, 2), (5, 2), True), ((None, 2), (5, 3), False), ((None, 2), (2,), False),
              ((3,), (3,), True), ((), (), True), ((), (1,), False), (None, (4, 4, 4), True),
@@ -143,7 +143,7 @@ def _(candidate, rng):
                         "both, and the result must have exactly `shape`",
           answer_hint="sum over the leading axes that broadcasting added, then (keepdims=True) over the axes "
                       "where `shape` has a 1 and the gradient does not",
-          forbid=["course.tensor.unbroadcast"], task="write the reduction yourself")
+          forbid=["course.tensor.unbroadcast"], task="write the reduction")
 def _(candidate, rng):
     cases = [((4, 3), (3,)), ((4, 3), (1, 3)), ((4, 3), (4, 1)), ((4, 3), ()), ((2, 3, 4), (3, 1)),
              ((2, 3), (2, 3)), ((5,), (1,))]
@@ -186,7 +186,7 @@ def _(candidate, rng):
 @exercise("3.3.1", hint="the result takes the outer sizes; the inner sizes must agree unless one is None, "
                         "and an error should name both shapes",
           answer_hint="return (a[0], b[1]); raise ValueError(f'... {a} ... {b}') when a[1] and b[0] are both known "
-                      "and differ", forbid=["course.minitf.shapes.matmul"], task="write the shape rule yourself")
+                      "and differ", forbid=["course.minitf.shapes.matmul"], task="write the shape rule")
 def _(candidate, rng):
     cases = [((2, 3), (3, 4), (2, 4)), ((None, 3), (3, 5), (None, 5)), ((2, None), (7, 1), (2, 1)),
              ((None, None), (None, None), (None, None)), ((1, 1), (1, 1), (1, 1))]
@@ -252,7 +252,7 @@ def _(candidate, rng):
                         "then drop those axes, or keep a 1 in their place",
           answer_hint="axes = all axes if axis is None, else {a % len(shape) for each a}; keepdims: 1 where an "
                       "axis is in axes; otherwise leave those sizes out",
-          forbid=["course.minitf.shapes.reduce"], task="write the shape rule yourself")
+          forbid=["course.minitf.shapes.reduce"], task="write the shape rule")
 def _(candidate, rng):
     cases = [((2, 3, 4), None, False, ()), ((2, 3, 4), None, True, (1, 1, 1)), ((2, 3, 4), 1, False, (2, 4)),
              ((2, 3, 4), -1, True, (2, 3, 1)), ((None, 5), 0, False, (5,)), ((None, 5), 1, True, (None, 1)),

@@ -247,7 +247,7 @@ def _ref_lr(step, warmup, total, max_lr, min_lr):
                         "max_lr down to min_lr, then min_lr from total on",
           answer_hint="warm-up: max_lr * (step + 1) / warmup; then min_lr + (max_lr - min_lr) * 0.5 * (1 + "
                       "cos(pi * progress)) with progress = (step - warmup) / (total - warmup)",
-          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule yourself")
+          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule")
 def _(candidate, rng):
     settings = [(10, 100, 1e-3, 1e-4), (0, 50, 0.5, 0.0), (5, 20, 2.0, 1.0)]
     for warmup, total, max_lr, min_lr in settings:

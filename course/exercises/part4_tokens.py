@@ -54,7 +54,7 @@ def _ref_bpe_encode(text, merges):
                         "mapping read backwards",
           answer_hint="chars = sorted(set(text)); stoi = {c: i for i, c in enumerate(chars)}; itos = dict(enumerate(chars))",
           forbid=["course.gpt.CharTokenizer", "course.gpt.CharTokenizer.from_text"],
-          task="build the vocabulary yourself")
+          task="build the vocabulary")
 def _(candidate, rng):
     texts = ["hello world", "", "To be, or not to be", "ba\nab",
              _random_text(rng, "abcdefgh .,!\n", 40), _random_text(rng, "xyzXYZ 019éü", 25)]
@@ -96,7 +96,7 @@ def _(candidate, rng):
                         "pair, so that matches cannot overlap",
           answer_hint="out, i = [], 0; while i < len(ids): on a match at i append new_id and i += 2, "
                       "otherwise append ids[i] and i += 1",
-          forbid=["course.gpt.tokenizer._merge"], task="write the merge yourself")
+          forbid=["course.gpt.tokenizer._merge"], task="write the merge")
 def _(candidate, rng):
     cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
              ([1, 2], (2, 1), 3), ([], (1, 2), 3), ([3, 1, 2, 1, 2, 1], (2, 1), 8)]
@@ -119,7 +119,7 @@ def _(candidate, rng):
           answer_hint="ids = list(text.encode('utf-8')); while some adjacent pair is in merges: take the present "
                       "pair p with the smallest merges[p] and ids = merge(ids, p, merges[p])",
           forbid=["course.gpt.BPETokenizer.encode", "course.gpt.BPETokenizer._encode_chunk",
-                  "course.gpt.tokenizer._merge"], task="apply the merges yourself")
+                  "course.gpt.tokenizer._merge"], task="apply the merges")
 def _(candidate, rng):
     from course.gpt import BPETokenizer
 
