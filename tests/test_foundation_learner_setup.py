@@ -60,3 +60,17 @@ def test_progress_bars_can_draw_as_widgets_in_the_lab():
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
     assert any(spec.startswith("ipywidgets") for spec in dev), "tqdm.auto needs ipywidgets in JupyterLab"
     assert "ipywidgets" in (ROOT / "environment.yml").read_text()
+
+
+def test_a_progress_bar_in_a_kernel_is_a_widget_without_a_warning(monkeypatch):
+    """As in JupyterLab: tqdm.auto in a kernel draws a widget and writes nothing to stderr (the tests
+    themselves set TQDM_DISABLE=1, which this test lifts for its own kernel)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass")])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    assert not [o for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"], outputs
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), outputs
