@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) ## create .venv and install the course with its dependencies
 
-lab: setup ## open JupyterLab on the notebooks
-	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+lab: setup ## open JupyterLab at the top of the course: notebooks/ and solutions/ side by side
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: setup ## run every test: unit tests, all notebooks (nbval) and the exercise checks
 	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
@@ -40,6 +40,11 @@ notebooks: setup ## re-execute notebooks in place in a fresh kernel (all, or NB=
 
 assignment: setup ## lesson notebooks without solutions for students (PARTS="1 2" OUT=dir)
 	$(BIN)/python -m course assign $(PARTS) --out $(OUT)
+
+grade: OUT = grades.csv
+grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=grades.csv
+	@test -n "$(NB)" || (echo 'usage: make grade NB="submissions/*.ipynb" [OUT=grades.csv]' && exit 2)
+	$(BIN)/python -m course grade $(NB) --out $(OUT)
 
 bench: setup ## time the engines against their references and print a table
 	$(BIN)/python -m benchmarks

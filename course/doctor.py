@@ -3,7 +3,6 @@
 import importlib
 import os
 import platform
-import shutil
 import subprocess
 import sys
 
@@ -35,15 +34,25 @@ def gpu_report():
 
 
 def main():
-    print(f"python       {platform.python_version()} ({sys.executable})")
-    for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "jupyterlab", "nbval", "pytest",
-                 "hypothesis", "torch"):
-        print(f"{name:<12} {_version(name)}")
-    dot = shutil.which("dot")
+    print(f"python         {platform.python_version()} ({sys.executable})")
+    for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "threadpoolctl", "jupyterlab",
+                 "ipywidgets", "nbval", "pytest", "hypothesis"):
+        print(f"{name:<14} {_version(name)}")
+    torch = _version("torch")
+    if torch.startswith("not importable"):
+        # PyTorch is an optional reference: the course and its lessons never need it.
+        torch += (": optional, only the `reference` tests compare with it and are skipped without it "
+                  "(pip install -e '.[reference]' to add it)")
+    print(f"{'torch':<14} {torch}")
+    try:
+        from .viz.graphs import find_dot
+        dot = find_dot()  # the system's Graphviz first, else the graphviz-pure wheel's
+    except Exception:  # the graphviz package itself is missing or broken
+        dot = None
     if dot:
-        version = subprocess.run([dot, "-V"], capture_output=True, text=True).stderr.strip()
-        print(f"dot          {version}")
+        version = subprocess.run([dot, "-V"], capture_output=True, text=True)
+        print(f"dot            {(version.stderr or version.stdout).strip()} ({dot})")
     else:
-        print("dot          missing: graphs will not be drawn (apt-get install graphviz, brew install "
-              "graphviz, or conda install graphviz)")
-    print(f"GPU kernels  {gpu_report()}")
+        print("dot            missing: graphs will not be drawn (apt-get install graphviz, brew install "
+              "graphviz, conda install graphviz, or pip install graphviz-pure)")
+    print(f"GPU kernels    {gpu_report()}")

@@ -27,6 +27,8 @@ import math
 import numbers
 import random
 
+from . import _graph
+
 __all__ = ["Value", "Module", "Neuron", "Layer", "MLP"]
 
 
@@ -279,25 +281,14 @@ def _as_value(x):
 def topological_order(root):
     """Every Value `root` depends on, each once, inputs before the Values made from them.
 
-    Depth-first search with an explicit stack instead of recursion, so a graph 100,000 nodes deep
-    does not hit Python's recursion limit. Each stack entry says whether the node's inputs have
-    already been pushed: a node is emitted the second time it comes off the stack, after them.
+    Depth-first search with an explicit stack instead of recursion (course/_graph.py), so a graph
+    100,000 nodes deep does not hit Python's recursion limit; inputs are visited in operand order.
     """
-    order, seen = [], set()
-    stack = [(root, False)]
-    while stack:
-        node, inputs_done = stack.pop()
-        if inputs_done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        for child in reversed(node._prev):  # reversed: the first operand is visited first
-            if id(child) not in seen:
-                stack.append((child, False))
-    return order
+    return _graph.topological_order([root], _inputs)
+
+
+def _inputs(value):
+    return value._prev
 
 
 # ---- a neural-network library of Values ----

@@ -210,13 +210,23 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
+def _module(m, where, i):
+    """`m` if it is a Module instance; otherwise a TypeError (a plain function would be dropped silently)."""
+    if isinstance(m, Module):
+        return m
+    if isinstance(m, type) and issubclass(m, Module):
+        raise TypeError(f"{where}: item {i} is the class {m.__name__}, not a module: write {m.__name__}()")
+    hint = ": use a module such as nn.ReLU() or nn.GELU(), or write a Module whose forward calls it" if callable(m) else ""
+    raise TypeError(f"{where}: item {i} is a {type(m).__name__}, not a Module{hint}")
+
+
 class Sequential(Module):
     """Modules applied one after the other; their parameters are named 0.weight, 1.weight, ..."""
 
     def __init__(self, *modules):
         super().__init__()
         for i, m in enumerate(modules):
-            setattr(self, str(i), m)
+            setattr(self, str(i), _module(m, "Sequential", i))
 
     def __iter__(self):
         return iter(m for _, m in self.named_children())
@@ -243,7 +253,7 @@ class ModuleList(Module):
             self.append(m)
 
     def append(self, module):
-        setattr(self, str(self._n), module)
+        setattr(self, str(self._n), _module(module, "ModuleList", self._n))
         self._n += 1
 
     def __iter__(self):

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from course.exercises import check
@@ -133,7 +134,7 @@ RIGHT_WRONG = {
     "1.1.4": (dL_dx, lambda x: 2 * math.tanh(2 * x - 1) * (1 - math.tanh(2 * x - 1) ** 2), "at x="),
     "1.2.1": (exp_backward, lambda x, g: math.exp(x), "out_grad="),
     "1.2.2": (pow_backward, lambda a, b, g: (b * a ** (b - 1) * g, a ** b * g), "a=2, b=3"),
-    "1.2.3": (tanh_from_exp, lambda x: x.tanh(), "x = Value("),
+    "1.2.3": (tanh_from_exp, lambda x: x.tanh(), "without calling course.micrograd.Value.tanh"),
     "1.2.4": (kahn_order, recursive_order, "a chain of 20,000"),
     "1.3.1": (hinge_loss, lambda s, y: sum((1 - yi * si).relu() for si, yi in zip(s, y)), "scores ["),
     "1.3.2": (accuracy, lambda s, y: sum(si.data > 0 for si in s) / len(y), "scores ["),
@@ -141,6 +142,138 @@ RIGHT_WRONG = {
     "1.3.4": (sgd_step, lambda ps, lr: [setattr(p, "data", p.data + lr * p.grad) for p in ps], "params ["),
     "1.3.5": (mse_loss, lambda p, t: sum((pi - ti) ** 2 for pi, ti in zip(p, t)), "predictions ["),
 }
+
+
+# ---- more known-wrong answers: each with the words its failure message must contain ----
+
+def _library_gradient(f, xs, h=1e-6):  # calls the course's own finite differences
+    import numpy as np
+    from course.tensor import numerical_gradient
+
+    arr = np.array(xs, dtype=float)
+    return list(numerical_gradient(lambda a: f(list(a)), [arr], 0, eps=h))
+
+
+def _dL_dx_by_autograd(x):  # lets Value.backward apply the chain rule
+    from course.micrograd import Value
+
+    v = Value(x)
+    ((2 * v - 1).tanh() ** 2).backward()
+    return v.grad
+
+
+def _exp_backward_by_autograd(x, out_grad):
+    from course.micrograd import Value
+
+    v = Value(x)
+    (v.exp() * out_grad).backward()
+    return v.grad
+
+
+def _pow_backward_by_autograd(a, b, out_grad):
+    from course.micrograd import Value
+
+    va, vb = Value(a), Value(b)
+    (va ** vb * out_grad).backward()
+    return va.grad, vb.grad
+
+
+def _gradient_ignoring_h(f, xs, h=1e-6):
+    return numerical_gradient(f, xs)  # always the default step
+
+
+def _gradient_forward_difference(f, xs, h=1e-6):
+    base = f(xs)
+    grads = []
+    for i in range(len(xs)):
+        up = list(xs)
+        up[i] += h
+        grads.append((f(up) - base) / h)
+    return grads
+
+
+def _gradient_mutating_xs(f, xs, h=1e-6):  # nudges xs itself and never puts it back
+    grads = []
+    for i in range(len(xs)):
+        xs[i] += h
+        up = f(xs)
+        xs[i] -= 2 * h
+        grads.append((up - f(xs)) / (2 * h))
+    return grads
+
+
+def _library_order(root):
+    from course.micrograd import topological_order as library_order
+
+    return library_order(root)
+
+
+def _library_order_itself():
+    from course.micrograd import topological_order as library_order
+
+    return library_order
+
+
+KNOWN_WRONG = {exercise_id: [(wrong, [names])] for exercise_id, (_, wrong, names) in RIGHT_WRONG.items()}
+for exercise_id, wrong, words in [
+    ("1.1.1", lambda f, x, h=1e-6: numerical_derivative(f, x), ["with h=0.01", "central difference"]),
+    ("1.1.1", lambda f, x, h=1e-6: float(_library_gradient(lambda v: f(v[0]), [x], h)[0]),
+     ["write this yourself", "course.tensor.gradcheck.numerical_gradient"]),
+    ("1.1.2", _gradient_ignoring_h, ["with h=0.1", "central differences"]),
+    ("1.1.2", _gradient_forward_difference, ["with h=0.1"]),
+    ("1.1.2", _gradient_mutating_xs, ["changed the list xs"]),
+    ("1.1.2", lambda f, xs, h=1e-6: 0.5, ["expected a list of 3 partial derivatives", "float"]),
+    ("1.1.2", _library_gradient, ["write this yourself", "numerical_gradient"]),
+    ("1.1.4", _dL_dx_by_autograd, ["write this yourself", "course.micrograd.Value.backward"]),
+    ("1.2.1", _exp_backward_by_autograd, ["write this yourself", "Value.backward"]),
+    ("1.2.2", _pow_backward_by_autograd, ["write this yourself", "Value.backward"]),
+    ("1.2.2", lambda a, b, g: {"a": 1.0, "b": 2.0}, ["expected a pair (grad_a, grad_b)", "dict"]),
+    ("1.2.2", lambda a, b, g: {1.0, 2.0}, ["expected a pair (grad_a, grad_b)", "set"]),
+    ("1.2.3", lambda x: 2 * (2 * x).sigmoid() - 1, ["without calling course.micrograd.Value.sigmoid"]),
+    ("1.2.3", lambda x: 2 / (1 + (-2 * x).exp()) - 1 + 0 * x.relu(), ["uses relu", "x.exp() and arithmetic"]),
+    ("1.2.4", _library_order, ["write this yourself", "course.micrograd.topological_order"]),
+    ("1.2.4", _library_order_itself(), ["library's own function"]),
+    ("1.3.3", lambda ps, a: a * sum(p.data ** 2 for p in ps), ["expected a Value"]),
+    ("1.3.4", lambda ps, lr: [setattr(p, "data", p.data - lr * p.grad) or setattr(p, "grad", 0.0) for p in ps],
+     ["should not change them"]),
+]:
+    KNOWN_WRONG[exercise_id].append((wrong, words))
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words",
+                         [(i, w, words) for i in sorted(KNOWN_WRONG) for w, words in KNOWN_WRONG[i]])
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
+    result = check(exercise_id, wrong)
+    assert result.status == "failed", result.message
+    for word in words:
+        assert word in result.message, result.message
+    assert "could not use" not in result.message, result.message  # a check that crashed
+
+
+@pytest.mark.parametrize("exercise_id,right", [
+    ("1.1.4", lambda x: float(2 * np.float32(math.tanh(2 * x - 1)) * (1 - np.float32(math.tanh(2 * x - 1)) ** 2) * 2)),
+    ("1.2.1", lambda x, g: np.float32(math.exp(x)) * np.float32(g)),
+    ("1.2.2", lambda a, b, g: tuple(np.float32(v) for v in pow_backward(a, b, g))),
+], ids=["1.1.4-float32", "1.2.1-float32", "1.2.2-float32"])
+def test_float32_answers_pass(exercise_id, right):
+    result = check(exercise_id, right)
+    assert result.status == "passed", result.message
+
+
+def test_a_near_miss_shows_enough_digits_and_the_relative_error():
+    result = check("1.2.1", lambda x, g: math.exp(x) * g * (1 + 1e-4))
+    assert "relative error 1.0e-04" in result.message, result.message
+
+
+def test_library_function_is_available_again_after_the_check():
+    from course.micrograd import Value, topological_order as library_order
+
+    check("1.2.4", _library_order)
+    a = Value(2.0)
+    b = a * a
+    assert library_order(b)[-1] is b
+    b.backward()
+    assert a.grad == 4.0
 
 
 @pytest.mark.parametrize("exercise_id", sorted(RIGHT_WRONG))

@@ -282,3 +282,26 @@ def test_linear_and_embedding_draw_from_the_generator_they_are_given():
     assert not np.array_equal(a.weight.data, nn.Linear(3, 2, rng=6).weight.data)
     e1, e2 = nn.Embedding(4, 3, rng=1), nn.Embedding(4, 3, rng=1)
     assert np.array_equal(e1.weight.data, e2.weight.data) and e1.weight.dtype == np.float32
+
+
+# ----- misuse gets a clear error ----------------------------------------------------------------
+def test_a_numpy_array_into_linear_or_cross_entropy_is_named():
+    x = np.ones((4, 3), dtype=np.float32)
+    with pytest.raises(TypeError, match="linear: `x` must be a Tensor, got a NumPy array: wrap it first"):
+        nn.Linear(3, 2, rng=0)(x)
+    with pytest.raises(TypeError, match="cross_entropy: `logits` must be a Tensor, got a NumPy array"):
+        F.cross_entropy(x, np.zeros(4, dtype=np.int64))
+    with pytest.raises(TypeError, match="layer_norm: `x` must be a Tensor"):
+        nn.LayerNorm(3)(x)
+
+
+def test_sequential_refuses_what_is_not_a_module():
+    # A forgotten pair of brackets would otherwise drop the ReLU from the model without a word.
+    with pytest.raises(TypeError, match=r"Sequential: item 1 is the class ReLU, not a module: write ReLU\(\)"):
+        nn.Sequential(nn.Linear(2, 3, rng=0), nn.ReLU, nn.Linear(3, 1, rng=0))
+    with pytest.raises(TypeError, match=r"Sequential: item 1 is a function, not a Module: use a module such as nn.ReLU\(\)"):
+        nn.Sequential(nn.Linear(2, 3, rng=0), F.gelu)
+    with pytest.raises(TypeError, match="ModuleList: item 0 is a int, not a Module"):
+        nn.ModuleList([3])
+    model = nn.Sequential(nn.Linear(2, 3, rng=0), nn.ReLU(), nn.Linear(3, 1, rng=0))
+    assert len(model) == 3

@@ -689,3 +689,43 @@ def test_draw_graph_refuses_huge_graphs_clearly():
         tensor_graph.build(y, new_digraph(), max_nodes=10)
     _, n = tensor_graph.build(y, new_digraph())
     assert n == 41  # the leaf, 20 constants 2.0 and 20 products
+
+
+# ----- misuse gets a clear error ----------------------------------------------------------------
+def test_tensor_of_none_is_refused_not_nan():
+    with pytest.raises(TypeError, match=r"Tensor\(None\): a Tensor needs numbers"):
+        Tensor(None)
+
+
+def test_tensors_of_objects_or_ragged_lists_are_refused():
+    with pytest.raises(TypeError, match="dtype object"):
+        Tensor(np.array([None, 1.0], dtype=object))
+    with pytest.raises(TypeError, match="a Tensor needs numbers.*inhomogeneous"):
+        Tensor([[1.0, 2.0], [3.0]])
+    with pytest.raises(TypeError, match="a Tensor needs numbers.*'abc'"):
+        Tensor("abc")
+
+
+def test_a_micrograd_value_mixed_with_a_tensor_is_named():
+    from course.micrograd import Value
+
+    t, v = Tensor([1.0, 2.0], requires_grad=True), Value(3.0)
+    for mixed in (lambda: t + v, lambda: v + t, lambda: t * v, lambda: v * t, lambda: t - v,
+                  lambda: Tensor(v)):
+        with pytest.raises(TypeError, match="a micrograd Value cannot be mixed with a Tensor.*Tensor\\(value.data\\)"):
+            mixed()
+    with pytest.raises(TypeError, match="not with a NoneType"):
+        t + None
+
+
+@pytest.mark.parametrize("fn", [F.gelu, F.silu, F.softplus, F.softmax, F.log_softmax, lambda x: F.dropout(x, 0.5),
+                                lambda x: F.masked_fill(x, x > 0, 0.0), lambda x: F.layer_norm(x, None, None)])
+def test_functional_names_a_numpy_array_given_for_a_tensor(fn):
+    with pytest.raises(TypeError, match="`x` must be a Tensor, got a NumPy array: wrap it first, Tensor\\(x\\)"):
+        fn(np.ones((2, 3)))
+
+
+def test_attention_names_which_argument_is_not_a_tensor():
+    q = Tensor(np.ones((1, 2, 4)))
+    with pytest.raises(TypeError, match="scaled_dot_product_attention: `k` must be a Tensor, got a list"):
+        F.scaled_dot_product_attention(q, [[1.0]], q)

@@ -6,6 +6,7 @@ import pytest
 
 import course.minitf as tf
 from course.exercises import check
+from course.tensor import unbroadcast
 from course.minitf import compiler
 
 pytestmark = pytest.mark.part3
@@ -156,6 +157,91 @@ CASES = [
 ]
 
 
+# ---- more known-wrong answers: each calls the library function the exercise asks the learner to write ----
+
+def order_by_the_library(fetch):
+    return tf.topological_order([fetch])
+
+
+def softmax_backward_by_gradients(s, g):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.placeholder(s.shape, name="x")
+        loss = tf.reduce_sum(tf.softmax(x) * tf.constant(g))
+        (dx,) = tf.gradients(loss, [x])
+    return tf.Session(graph).run(dx, {x: np.log(s)})
+
+
+def tanh_grad_by_gradients(y, g):
+    (dy,) = tf.gradients(tf.tanh(y), [y], [g])
+    return dy
+
+
+def _ops():
+    from course.minitf import ops
+    return ops
+
+
+def fits_by_check_feed(declared, actual):
+    try:
+        _ops().check_feed("x", declared, np.zeros(actual))
+    except ValueError:
+        return False
+    return True
+
+
+def _shapes():
+    from course.minitf import shapes
+    return shapes
+
+
+KNOWN_WRONG = {exercise_id: [(wrong, [says])] for exercise_id, _, wrong, says in CASES}
+for exercise_id, wrong, words in [
+    ("3.1.1", order_by_the_library, ["write this yourself", "course.minitf.topological_order"]),
+    ("3.1.3", lambda declared, actual: _shapes().compatible(declared, actual),
+     ["write this yourself", "course.minitf.shapes.compatible"]),
+    ("3.2.1", softmax_backward_by_gradients, ["write this yourself", "course.minitf.gradients"]),
+    ("3.2.2", lambda grad, shape: unbroadcast(grad, shape), ["write this yourself", "course.tensor.unbroadcast"]),
+    ("3.2.2", lambda grad, shape: _ops().sum_to_shape(grad, shape), ["write this yourself", "course.tensor.unbroadcast"]),
+    ("3.1.3", fits_by_check_feed, ["write this yourself", "course.minitf.ops.check_feed"]),
+    ("3.2.3", tanh_grad_by_gradients, ["write this yourself", "course.minitf.gradients"]),
+    ("3.3.1", lambda a, b: _shapes().matmul(a, b), ["write this yourself", "course.minitf.shapes.matmul"]),
+    ("3.3.3", lambda shape, axis=None, keepdims=False: _shapes().reduce(shape, axis, keepdims),
+     ["write this yourself", "course.minitf.shapes.reduce"]),
+]:
+    KNOWN_WRONG[exercise_id].append((wrong, words))
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words",
+                         [(i, w, words) for i in sorted(KNOWN_WRONG) for w, words in KNOWN_WRONG[i]])
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
+    result = check(exercise_id, wrong)
+    assert result.status == "failed", result.message
+    for word in words:
+        assert word in result.message, result.message
+    assert "could not use" not in result.message, result.message
+
+
+def test_the_library_order_is_back_after_the_check():
+    check("3.1.1", order_by_the_library)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.placeholder((None, 2), name="x")
+        y = tf.exp(x, name="y")
+    assert [n.name for n in tf.topological_order([y])] == ["x", "y"]
+
+
+def test_the_library_still_works_inside_a_learners_graph():
+    # 3.1.1 switches tf.topological_order off for the learner, not for Session.run, which uses it
+    def order_checked_by_running(fetch):
+        order = evaluation_order(fetch)
+        if fetch.op != "placeholder" and fetch.graph.get("x").shape == (None, 3):
+            tf.Session(fetch.graph).run(fetch, {"x": np.ones((2, 3))})
+        return order
+
+    assert check("3.1.1", order_checked_by_running).status == "passed"
+
+
 @pytest.mark.parametrize("exercise_id", [c[0] for c in CASES])
 def test_stub_is_not_attempted(exercise_id):
     assert check(exercise_id, stub).status == "not attempted"
@@ -177,7 +263,6 @@ def test_wrong_answer_fails_saying_why(exercise_id, wrong, says):
 
 ALTERNATIVES = [
     ("3.1.1", lambda fetch: tuple(evaluation_order(fetch))),
-    ("3.1.1", lambda fetch: tf.topological_order([fetch])),
     ("3.2.1", lambda s, g: softmax_backward(s, g).astype(np.float32)),
     ("3.2.2", lambda grad, shape: sum_to_shape(grad, shape).tolist()),
     ("3.2.3", lambda y, g: g * (1.0 - tf.square(y))),

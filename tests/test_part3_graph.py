@@ -169,3 +169,42 @@ def test_nodes_of_another_graph_are_refused():
         a + b
     with pytest.raises(ValueError, match="another graph"):
         tf.Session(g2).run(a)
+
+
+# ----- misuse gets a clear error ----------------------------------------------------------------
+def test_placeholder_written_from_tensorflow_habit_is_explained():
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"the first argument is the shape, and float32 is a dtype.*"
+                                            r"write tf.placeholder\(\(None, 3\)\)"):
+            tf.placeholder(np.float32, (None, 3))
+        with pytest.raises(TypeError, match="float32 is a dtype"):
+            tf.placeholder("float32")
+        with pytest.raises(ValueError, match=r"shape \(None, 2.5\) may hold sizes \(0 or more\) and None, not 2.5"):
+            tf.placeholder((None, 2.5))
+        with pytest.raises(TypeError, match="name must be a string, got 3"):
+            tf.placeholder((None, 3), 3)
+        assert tf.placeholder([None, np.int64(3)], name="x").shape == (None, 3)
+
+
+def test_graph_does_not_import_the_operations():
+    # graph.py holds the registry and the operators; ops.py builds on it, never the other way.
+    import ast
+    from pathlib import Path
+
+    source = Path(tf.graph.__file__).read_text()
+    imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    assert "ops" not in imported and not any(m and m.endswith(".ops") for m in imported)
+
+
+def test_operators_are_methods_of_node_and_match_the_functions():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.placeholder((None, 2), name="x")
+        pairs = [(x + 1, tf.add(x, 1)), (2 - x, tf.subtract(2, x)), (x * x, tf.multiply(x, x)),
+                 (1 / x, tf.divide(1, x)), (x ** 2, tf.pow(x, 2)), (-x, ops.negative(x))]
+    assert "__add__" in vars(tf.Node) and "__rtruediv__" in vars(tf.Node)
+    feed = {x: np.array([[1.0, 2.0], [3.0, 4.0]])}
+    sess = tf.Session(g)
+    for by_operator, by_function in pairs:
+        assert by_operator.op == by_function.op
+        np.testing.assert_array_equal(sess.run(by_operator, feed), sess.run(by_function, feed))

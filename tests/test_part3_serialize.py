@@ -119,3 +119,45 @@ def test_unknown_operation_in_a_saved_file_is_named(tmp_path):
         tf.load(tmp_path / "m")
     with pytest.raises(ValueError, match="'teleport'"):
         tf.InferenceSession(tmp_path / "m")
+
+
+# ----- damaged files are named -------------------------------------------------------------------
+def _saved(tmp_path):
+    tf.save(trained_graph(), tmp_path / "model")
+    return tmp_path / "model"
+
+
+@pytest.mark.parametrize("open_it", [tf.load, tf.InferenceSession])
+def test_a_truncated_graph_json_is_named(tmp_path, open_it):
+    path = _saved(tmp_path)
+    text = (path / "graph.json").read_text()
+    (path / "graph.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"model/graph.json is not a readable saved graph \(truncated or corrupt\?\)"):
+        open_it(path)
+
+
+@pytest.mark.parametrize("damage", [lambda b: b[: len(b) // 2], lambda b: b"not a zip file at all"])
+@pytest.mark.parametrize("open_it", [tf.load, tf.InferenceSession])
+def test_a_truncated_or_corrupt_arrays_file_is_named(tmp_path, open_it, damage):
+    path = _saved(tmp_path)
+    (path / "arrays.npz").write_bytes(damage((path / "arrays.npz").read_bytes()))
+    with pytest.raises(ValueError, match=r"model/arrays.npz is not readable \(truncated or corrupt\?\)") as err:
+        open_it(path)
+    assert "allow_pickle" not in str(err.value)  # NumPy's advice would send the learner the wrong way
+
+
+def test_a_missing_arrays_file_is_named(tmp_path):
+    path = _saved(tmp_path)
+    (path / "arrays.npz").unlink()
+    with pytest.raises(FileNotFoundError, match="model/arrays.npz is missing"):
+        tf.InferenceSession(path)
+
+
+@pytest.mark.parametrize("open_it", [tf.load, tf.InferenceSession])
+def test_a_dangling_input_is_named_not_a_key_error(tmp_path, open_it):
+    path = _saved(tmp_path)
+    spec = json.loads((path / "graph.json").read_text())
+    spec["nodes"] = [n for n in spec["nodes"] if n["name"] != "layer/w"]
+    (path / "graph.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="node '.*' reads 'layer/w', which is not saved before it"):
+        open_it(path)

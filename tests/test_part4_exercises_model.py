@@ -146,6 +146,98 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
 
 
+# ---- more known-wrong answers, each with the words its failure message must contain ---------------
+
+
+def count_by_building_the_model(vocab_size, block_size, n_layer, n_embd):
+    from course.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab_size, block_size, n_layer, 1, n_embd)).num_parameters()
+
+
+def layer_norm_by_the_library(x, weight, bias, eps=1e-5):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    return F.layer_norm(Tensor(x), Tensor(weight), Tensor(bias), eps).data
+
+
+def cross_entropy_by_the_library(logits, targets, ignore_index=-1):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    V = logits.shape[-1]
+    return float(F.cross_entropy(Tensor(logits.reshape(-1, V)), targets.reshape(-1), ignore_index=ignore_index).data)
+
+
+def top_k_dropping_ties(logits, k):  # keeps exactly k per row, so one of two equal logits is lost
+    out = np.full_like(logits, -np.inf)
+    idx = np.argsort(logits, axis=-1)[..., -k:]
+    np.put_along_axis(out, idx, np.take_along_axis(logits, idx, axis=-1), axis=-1)
+    return out
+
+
+def top_k_by_the_library(logits, k):
+    from course.gpt import top_k_filter
+
+    return top_k_filter(logits, k)
+
+
+def temperature_by_the_library(logits, temperature):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    return F.softmax(Tensor(logits / temperature)).data
+
+
+def cache_by_the_library(cache_k, cache_v, length, k_new, v_new):
+    from course.gpt import KVCache
+
+    KVCache(1, cache_k.shape[0], cache_k.shape[1], cache_k.shape[2], cache_k.shape[3])
+    return cache_update(cache_k, cache_v, length, k_new, v_new)
+
+
+def lr_by_the_library(step, warmup, total, max_lr, min_lr):
+    import course.optim as optim
+
+    return max_lr * optim.warmup_cosine(step, warmup, total, min_lr / max_lr)
+
+
+KNOWN_WRONG = {exercise_id: [(wrong, [named])] for exercise_id, _, wrong, named in CASES}
+for exercise_id, wrong, words in [
+    ("4.3.1", count_by_building_the_model, ["write this yourself", "course.gpt.GPT"]),
+    ("4.3.2", layer_norm_by_the_library, ["write this yourself", "course.tensor.functional.layer_norm"]),
+    ("4.3.4", cross_entropy_by_the_library, ["write this yourself", "course.tensor.functional.cross_entropy"]),
+    ("4.4.2", top_k_dropping_ties, ["equal to the k-th largest is kept too"]),
+    ("4.4.2", top_k_by_the_library, ["write this yourself", "course.gpt.top_k_filter"]),
+    ("4.4.3", temperature_by_the_library, ["write this yourself", "course.tensor.functional.softmax"]),
+    ("4.4.4", cache_by_the_library, ["write this yourself", "course.gpt.KVCache"]),
+    ("4.4.5", lr_by_the_library, ["write this yourself", "course.optim.warmup_cosine"]),
+    ("4.3.3", lambda x, ln_1, attn, ln_2, mlp: x + attn(ln_1(x)), ["expected result"]),
+    ("4.3.2", lambda x, weight, bias, eps=1e-5: layer_norm(x, weight, bias), ["with eps=0.1"]),
+    ("4.3.4", lambda logits, targets, ignore_index=-1: cross_entropy(logits, targets), ["with ignore_index=5"]),
+    ("4.4.1", lambda data, starts, block_size: data[starts[:, None] + np.arange(block_size)], ["expected a pair"]),
+]:
+    KNOWN_WRONG[exercise_id].append((wrong, words))
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words",
+                         [(i, w, words) for i in sorted(KNOWN_WRONG) for w, words in KNOWN_WRONG[i]])
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
+    result = check(exercise_id, wrong)
+    assert result.status == "failed", result.message
+    for word in words:
+        assert word in result.message, result.message
+    assert "could not use" not in result.message, result.message
+
+
+def test_the_library_is_back_after_the_check():
+    from course.gpt import top_k_filter
+
+    check("4.4.2", top_k_by_the_library)
+    assert np.isneginf(top_k_filter(np.array([[1.0, 2.0]]), 1)[0, 0])
+
+
 def test_a_crash_names_the_input():
     def broken(logits, k):
         raise IndexError("boom")

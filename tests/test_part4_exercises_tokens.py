@@ -130,6 +130,107 @@ CASES = [
 ]
 
 
+# ---- more known-wrong answers, each with the words its failure message must contain ---------------
+
+
+def vocab_by_the_library(text):
+    from course.gpt import CharTokenizer
+
+    tok = CharTokenizer(text)
+    return tok.stoi, tok.itos
+
+
+def vocab_by_from_text(text):
+    from course.gpt import CharTokenizer
+
+    tok = CharTokenizer.from_text(text)
+    return tok.stoi, tok.itos
+
+
+def merge_in_place(ids, pair, new_id):  # changes the caller's list, and returns it
+    i = 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == pair:
+            ids[i:i + 2] = [new_id]
+        i += 1
+    return ids
+
+
+def merge_returning_the_same_list(ids, pair, new_id):
+    ids[:] = merge(list(ids), pair, new_id)
+    return ids
+
+
+def merge_by_the_library(ids, pair, new_id):
+    from course.gpt.tokenizer import _merge
+
+    return _merge(ids, pair, new_id)
+
+
+def bpe_most_frequent_first(text, merges):  # merges the most frequent pair, not the earliest learned
+    ids = list(text.encode("utf-8"))
+    while True:
+        counts = {p: c for p, c in count_pairs(ids).items() if p in merges}
+        if not counts:
+            return ids
+        pair = max(counts, key=counts.get)
+        ids = merge(ids, pair, merges[pair])
+
+
+def bpe_by_the_library(text, merges):
+    from course.gpt import BPETokenizer
+
+    return BPETokenizer(sorted(merges, key=merges.get), pattern=None).encode(text)
+
+
+def mask_by_the_library(T):
+    import course.tensor.functional as F
+
+    return F.causal_mask(T, T)
+
+
+def softmax_by_the_library(scores, mask):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    return F.softmax(Tensor(np.where(mask, -np.inf, scores))).data
+
+
+def head_by_the_library(x, w_q, w_k, w_v):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    q, k, v = (Tensor((x @ w)[None, None]) for w in (w_q, w_k, w_v))
+    return F.scaled_dot_product_attention(q, k, v).data[0, 0]
+
+
+KNOWN_WRONG = {exercise_id: [(wrong, [names])] for exercise_id, _, wrong, names in CASES}
+for exercise_id, wrong, words in [
+    ("4.1.1", vocab_by_the_library, ["write this yourself", "course.gpt.CharTokenizer"]),
+    ("4.1.1", vocab_by_from_text, ["write this yourself", "course.gpt.CharTokenizer"]),
+    ("4.1.3", merge_in_place, ["changed the list it was given", "return a new list"]),
+    ("4.1.3", merge_returning_the_same_list, ["return a new list"]),
+    ("4.1.3", merge_by_the_library, ["write this yourself", "course.gpt.tokenizer._merge"]),
+    ("4.1.4", bpe_most_frequent_first, ["text='abcbc'", "ab learned first"]),
+    ("4.1.4", bpe_by_the_library, ["write this yourself", "course.gpt.BPETokenizer.encode"]),
+    ("4.2.1", mask_by_the_library, ["write this yourself", "course.tensor.functional.causal_mask"]),
+    ("4.2.2", softmax_by_the_library, ["write this yourself", "course.tensor.functional.softmax"]),
+    ("4.2.3", head_by_the_library, ["write this yourself", "scaled_dot_product_attention"]),
+    ("4.2.4", lambda x, n_head: x.reshape(x.shape[0], x.shape[1], n_head, -1), ["has shape"]),
+]:
+    KNOWN_WRONG[exercise_id].append((wrong, words))
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words",
+                         [(i, w, words) for i in sorted(KNOWN_WRONG) for w, words in KNOWN_WRONG[i]])
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
+    result = check(exercise_id, wrong)
+    assert result.status == "failed", result.message
+    for word in words:
+        assert word in result.message, result.message
+    assert "could not use" not in result.message, result.message
+
+
 @pytest.mark.parametrize("exercise_id", [c[0] for c in CASES])
 def test_stub_is_not_attempted(exercise_id, capsys):
     result = check(exercise_id, stub)

@@ -346,3 +346,27 @@ def test_the_trainer_trains_any_model_with_logits(tmp_path):
 @dataclass
 class BigramConfig:
     vocab_size: int
+
+
+# ----- generate's arguments ----------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,says", [
+    ({"idx": np.zeros((1, 0), dtype=np.int64)}, "the prompt is empty: give at least one token id"),
+    ({"idx": []}, "the prompt is empty"),
+    ({"max_new_tokens": -1}, "max_new_tokens must be a whole number of tokens, 0 or more, got -1"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number of tokens, 0 or more, got 2.5"),
+    ({"top_k": -3}, "top_k must be a whole number of tokens, 1 or more .*got -3"),
+    ({"top_k": 0}, "top_k must be a whole number of tokens, 1 or more .*got 0"),
+    ({"top_k": 2.5}, "top_k must be a whole number of tokens, 1 or more .*got 2.5"),
+])
+def test_generate_names_a_bad_argument(kwargs, says):
+    model = GPT(TINY)
+    args = {"idx": np.array([[1, 2]]), "max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=says):
+        model.generate(args.pop("idx"), args.pop("max_new_tokens"), **args)
+
+
+def test_generate_accepts_numpy_integers_and_zero_new_tokens():
+    model = GPT(TINY)
+    assert model.generate(np.array([[1, 2]]), 0).tolist() == [[1, 2]]
+    out = model.generate(np.array([[1, 2]]), np.int64(2), top_k=np.int64(3), seed=0)
+    assert out.shape == (1, 4)

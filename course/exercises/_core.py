@@ -1,10 +1,14 @@
 """The machinery behind `check`: a registry of checks, and the one line each check prints."""
 
+import contextlib
+import functools
 import importlib
+import inspect
 import os
 import pkgutil
+import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,32 +41,171 @@ class _NotAttempted(Exception):
     pass
 
 
-def exercise(exercise_id, hint=""):
+# A developer of the course sets this variable to see the traceback of an exception inside a check
+# instead of the one-line failure a learner gets.
+DEBUG_ENV = "COURSE_CHECK_DEBUG"
+
+# How many failed attempts at an exercise it takes before its hint gives the full answer.
+ANSWER_AFTER = 3
+
+
+@dataclass
+class _Exercise:
+    fn: object
+    hint: str = ""
+    answer_hint: str = ""
+    forbid: tuple = ()
+    task: str = ""
+    failures: int = field(default=0)
+
+
+def exercise(exercise_id, hint="", answer_hint="", forbid=(), task=""):
     """Register a check: `fn(candidate, rng)` calls the candidate and raises CheckFailed on a mistake.
 
-    `rng` is a NumPy generator seeded from the exercise id, so random inputs are the same every run.
+    `rng` is a NumPy generator seeded from the id, so random inputs are the same every run.
+    `hint` is a nudge printed with every failure; `answer_hint`, the full formula, is added from the
+    ANSWER_AFTER-th failure of the same exercise on. `forbid` names the library functions, classes
+    or methods that the exercise asks the learner to write ("course.optim.warmup_cosine",
+    "course.tensor.Tensor.backward"): while the check runs they are `unavailable`, and `task` says
+    what to do instead ("compute the gradient by hand").
     """
 
     def register(fn):
         if exercise_id in _CHECKS:
             raise ValueError(f"exercise {exercise_id} is registered twice")
-        _CHECKS[exercise_id] = (fn, hint)
+        _CHECKS[exercise_id] = _Exercise(fn, hint, answer_hint, tuple(forbid), task)
         return fn
 
     return register
 
 
-def call(candidate, *args, on="", **kwargs):
-    """Call the learner's function; an exception it raises becomes a CheckFailed naming the input."""
+# The last value a learner's function returned, to say what it was if the check cannot use it.
+_NOTHING = object()
+_last_returned = _NOTHING
+
+
+def call(candidate, *args, on="", returns=True, **kwargs):
+    """Call the learner's function; an exception it raises becomes a CheckFailed naming the input.
+
+    With `returns=True` (a function that should return something) a None result fails with
+    "your function returned None": the usual cause is a forgotten `return`.
+    """
+    global _last_returned
+    where = f" on {on}" if on else ""
     try:
-        return candidate(*args, **kwargs)
+        got = candidate(*args, **kwargs)
     except NotImplementedError:
         raise _NotAttempted() from None
     except CheckFailed:
         raise
     except Exception as err:  # the learner's code failed: say how, and on what
-        where = f" on {on}" if on else ""
         raise CheckFailed(f"your code raised {type(err).__name__}: {err}{where}") from None
+    if returns and got is None:
+        raise CheckFailed(f"your function returned None{where}: did it forget `return`?")
+    _last_returned = got
+    return got
+
+
+# ---- library functions that an exercise asks the learner to write ----
+
+class Unavailable(CheckFailed):
+    """Raised when the learner's code calls a library function that its exercise asks it to write."""
+
+
+def _resolve(path):
+    """The object at a dotted path, and where it lives: (obj, owner, name); owner is a class for a
+    method (and then it is patched there), None for a module-level function or class."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        owner = None
+        for name in parts[cut:]:
+            try:
+                owner, obj = obj, getattr(obj, name)
+            except AttributeError:
+                raise LookupError(f"{path} does not exist: fix the `forbid` list of the check") from None
+        return obj, (owner if inspect.isclass(owner) else None), parts[-1]
+    raise LookupError(f"{path} does not exist: fix the `forbid` list of the check")
+
+
+def _blocked(original, message):
+    """A stand-in for `original`: the course's own code still reaches the original (a library function
+    the learner may use can call it), any other caller gets `message`."""
+
+    @functools.wraps(original)
+    def stand_in(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "course" or caller.startswith("course."):
+            return original(*args, **kwargs)
+        raise Unavailable(message)
+
+    stand_in.blocked = True
+    return stand_in
+
+
+@contextlib.contextmanager
+def unavailable(*paths, task="", namespaces=()):
+    """Inside the block, calling any of `paths` from outside `course` raises Unavailable: "write this
+    yourself: the exercise asks you to ... without calling course.optim.warmup_cosine".
+
+    A path names a function (every module of `course` and every dict of `namespaces`, such as the
+    learner's globals, that holds it by another import gets the stand-in too), a class (its
+    `__init__` is blocked) or a method ("course.tensor.Tensor.backward"). Everything is put back on
+    leaving, even after an exception.
+    """
+    restore = []  # (setter, target, name, old value or _NOTHING)
+    originals = []
+    try:
+        for path in paths:
+            obj, owner, name = _resolve(path)
+            if getattr(obj, "blocked", False):  # another name of a function blocked already
+                continue
+            originals.append((obj, path))
+            message = (f"write this yourself: the exercise asks you to {task or 'write it'} "
+                       f"without calling {path}")
+            if inspect.isclass(obj):  # block construction, keep isinstance working
+                owner, name, obj = obj, "__init__", obj.__init__
+            if owner is not None:
+                raw = owner.__dict__.get(name, _NOTHING)
+                if isinstance(raw, (classmethod, staticmethod)):
+                    stand_in = type(raw)(_blocked(raw.__func__, message))
+                else:
+                    stand_in = _blocked(obj, message)
+                restore.append((owner, name, raw))
+                setattr(owner, name, stand_in)
+                continue
+            stand_in = _blocked(obj, message)
+            dicts = [vars(m) for n, m in list(sys.modules.items())
+                     if m is not None and (n == "course" or n.startswith("course."))]
+            main = sys.modules.get("__main__")
+            dicts += [d for d in (*namespaces, vars(main) if main else None) if d is not None]
+            for d in dicts:
+                for key, value in list(d.items()):
+                    if value is obj:
+                        restore.append((d, key, value))
+                        d[key] = stand_in
+        yield tuple(originals)
+    finally:
+        for target, name, old in reversed(restore):
+            if isinstance(target, dict):
+                target[name] = old
+            elif old is _NOTHING:
+                delattr(target, name)
+            else:
+                setattr(target, name, old)
+
+
+def _library_path(candidate, originals):
+    """The path of the blocked library function that `candidate` is, or None."""
+    inner = candidate.func if isinstance(candidate, functools.partial) else candidate
+    inner = getattr(inner, "__func__", inner)  # a bound method
+    for obj, path in originals:
+        if inner is obj or inner is getattr(obj, "__func__", None):
+            return path
+    return None
 
 
 def _show(value, limit=120):
@@ -77,9 +220,31 @@ def _show(value, limit=120):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _show_pair(got_arr, exp_arr):
+    """`expected ..., got ...` with enough digits to tell them apart, and the relative error."""
+    if exp_arr.size == 1:
+        g, e = float(got_arr.ravel()[0]), float(exp_arr.ravel()[0])
+        short = f"{e:.6g}" != f"{g:.6g}"
+        text = f"{e:.6g}, got {g:.6g}" if short else f"{e:.15g}, got {g:.15g}"
+        if e != 0 and np.isfinite(e) and np.isfinite(g):
+            text += f" (relative error {abs(g - e) / abs(e):.1e})"
+        return text
+    diff = np.abs(got_arr - exp_arr)
+    diff = np.where(np.isnan(got_arr) & np.isnan(exp_arr), 0.0, np.nan_to_num(diff, nan=np.inf))
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    g, e = float(got_arr[worst]), float(exp_arr[worst])
+    at = f"at index {tuple(int(i) for i in worst)}: expected {e:.6g}, got {g:.6g}"
+    if f"{e:.6g}" == f"{g:.6g}":
+        at = f"at index {tuple(int(i) for i in worst)}: expected {e:.15g}, got {g:.15g}"
+    rel = f", relative error {abs(g - e) / abs(e):.1e}" if e != 0 and np.isfinite(e) and np.isfinite(g) else ""
+    return f"{_show(exp_arr)}, got {_show(got_arr)} (the largest difference is {at}{rel})"
+
+
 def expect_close(got, expected, on="", rtol=1e-5, atol=1e-8, what="result"):
     """Fail unless `got` equals `expected` within tolerance (numbers or arrays, shapes included)."""
     where = f" on {on}" if on else ""
+    if got is None:
+        raise CheckFailed(f"your function returned None as the {what}{where}: did it forget `return`?")
     try:
         got_arr = np.asarray(got, dtype=np.float64)
     except (TypeError, ValueError):
@@ -88,13 +253,42 @@ def expect_close(got, expected, on="", rtol=1e-5, atol=1e-8, what="result"):
     if got_arr.shape != exp_arr.shape:
         raise CheckFailed(f"the {what}{where} has shape {got_arr.shape}, expected shape {exp_arr.shape}")
     if not np.allclose(got_arr, exp_arr, rtol=rtol, atol=atol, equal_nan=True):
-        raise CheckFailed(f"expected {what} {_show(expected)}, got {_show(got)}{where}")
+        raise CheckFailed(f"expected {what} {_show_pair(got_arr, exp_arr)}{where}")
 
 
 def expect(condition, message):
     """Fail with `message` unless `condition` holds."""
     if not condition:
         raise CheckFailed(message)
+
+
+def _describe(value):
+    kind = type(value).__name__
+    shape = f" of shape {value.shape}" if isinstance(value, np.ndarray) else (
+        f" of length {len(value)}" if isinstance(value, (list, tuple, dict, set, str)) else "")
+    return f"a {kind}{shape} ({_show(value, 60)})"
+
+
+def _could_not_use(err):
+    error = f"{type(err).__name__}: {err}"
+    if _last_returned is _NOTHING:
+        return f"the check could not run your function ({error})"
+    return (f"your function returned {_describe(_last_returned)}, which the check could not use ({error}): "
+            f"return what the exercise asks for")
+
+
+def _failed(exercise_id, entry, text):
+    entry.failures += 1
+    hint = entry.hint
+    if entry.answer_hint and (entry.failures >= ANSWER_AFTER or not hint):
+        hint = f"{hint.rstrip('.')}. In full: {entry.answer_hint}" if hint else entry.answer_hint
+    tail = f" Hint: {_sentence(hint)}" if hint else ""
+    return CheckResult(exercise_id, "failed", f"[{exercise_id}] failed: {_sentence(text)}{tail}")
+
+
+def _sentence(text):
+    text = text.rstrip()
+    return text if text.endswith(("?", "!")) else text.rstrip(".") + "."
 
 
 def _load_part(exercise_id):
@@ -121,19 +315,29 @@ def check(exercise_id, candidate):
     entry = _load_part(str(exercise_id))
     if entry is None:
         raise KeyError(f"there is no exercise {exercise_id!r}: look at the id in the cell")
-    fn, hint = entry
+    global _last_returned
     rng = np.random.default_rng(zlib.crc32(exercise_id.encode()))
+    _last_returned = _NOTHING
     try:
-        fn(candidate, rng)
+        namespaces = [getattr(inspect.unwrap(candidate), "__globals__", None)]
+        with unavailable(*entry.forbid, task=entry.task, namespaces=namespaces) as originals:
+            library = _library_path(candidate, originals)
+            if library:
+                raise CheckFailed(f"you passed {library}, the library's own function: write this yourself, the "
+                                  f"exercise asks you to {entry.task or 'write it'}")
+            entry.fn(candidate, rng)
     except (_NotAttempted, NotImplementedError):
         result = CheckResult(exercise_id, "not attempted",
                              f"[{exercise_id}] not attempted yet: replace `raise NotImplementedError` "
                              f"with your code and run the cell again.")
     except CheckFailed as failure:
-        tail = f" Hint: {hint}" if hint else ""
-        text = str(failure).rstrip(".")
-        result = CheckResult(exercise_id, "failed", f"[{exercise_id}] failed: {text}.{tail}")
+        result = _failed(exercise_id, entry, str(failure))
+    except Exception as err:  # the check tripped over what the learner's function returned
+        if os.environ.get(DEBUG_ENV):
+            raise
+        result = _failed(exercise_id, entry, _could_not_use(err))
     else:
+        entry.failures = 0
         result = CheckResult(exercise_id, "passed", f"[{exercise_id}] passed.")
     print(result.message)
     return result

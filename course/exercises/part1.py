@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 from course.exercises import call, exercise, expect, expect_close
 
 
@@ -22,7 +24,12 @@ def _expect_value(got, on):
 
 # ---- 1.1 derivatives ----
 
-@exercise("1.1.1", hint="the central difference (f(x + h) - f(x - h)) / (2 * h), with the h you are given")
+_OWN_DIFFERENCE = dict(forbid=["course.tensor.gradcheck.numerical_gradient"],
+                       task="estimate it with your own finite difference")
+
+
+@exercise("1.1.1", hint="step to both sides of x, and use the h you are given (the check also passes h=0.01)",
+          answer_hint="(f(x + h) - f(x - h)) / (2 * h)", **_OWN_DIFFERENCE)
 def _(candidate, rng):
     functions = [("t**3", lambda t: t ** 3, lambda t: 3 * t ** 2),
                  ("sin(t)", math.sin, math.cos),
@@ -37,27 +44,60 @@ def _(candidate, rng):
         h = 0.01
         on = f"f(t) = t**3 at x={x:.3g} with h={h}"
         got = call(candidate, lambda t: t ** 3, x, h=h, on=on)
-        expect_close(got, 3 * x ** 2 + h ** 2, on=on, rtol=1e-7, what="central difference")
+        expect_close(got, 3 * x ** 2 + h ** 2, on=on, rtol=1e-6, what="central difference")
 
 
-@exercise("1.1.2", hint="nudge one input at a time by +h and -h, keep the others fixed, and divide by 2h")
+def _central_partials(f, xs, h):
+    grads = []
+    for i in range(len(xs)):
+        up, down = list(xs), list(xs)
+        up[i] += h
+        down[i] -= h
+        grads.append((f(up) - f(down)) / (2 * h))
+    return grads
+
+
+def _expect_partials(got, n, on):
+    expect(isinstance(got, (list, tuple)) or (isinstance(got, np.ndarray) and got.ndim == 1),
+           f"expected a list of {n} partial derivatives, got a {type(got).__name__} on {on}")
+    expect(len(got) == n, f"expected a list of {n} partial derivatives, got {len(got)} on {on}")
+    return list(got)
+
+
+@exercise("1.1.2", hint="nudge one input at a time to both sides, keep the others fixed, work on copies "
+                        "of xs, and use the h you are given (the check also passes h=0.1)",
+          answer_hint="for each i: up, down = list(xs), list(xs); up[i] += h; down[i] -= h; "
+                      "append (f(up) - f(down)) / (2 * h)", **_OWN_DIFFERENCE)
 def _(candidate, rng):
     functions = [("a*b + c**2", lambda v: v[0] * v[1] + v[2] ** 2,
                   lambda v: [v[1], v[0], 2 * v[2]]),
                  ("a*exp(b) - c", lambda v: v[0] * math.exp(v[1]) - v[2],
                   lambda v: [math.exp(v[1]), v[0] * math.exp(v[1]), -1.0])]
-    points = [[1.0, 2.0, 3.0], [-1.5, 0.5, 0.0]] + [list(rng.uniform(-2, 2, size=3)) for _ in range(3)]
+    points = [[1.0, 2.0, 3.0], [-1.5, 0.5, 0.0]] + [[float(v) for v in rng.uniform(-2, 2, size=3)]
+                                                    for _ in range(3)]
     for xs in points:
         for name, f, grad in functions:
             on = f"f(a, b, c) = {name} at {_fmt(xs)}"
-            before = list(xs)
-            got = call(candidate, f, list(xs), on=on)
-            expect(got is not None, f"your function returned None on {on}: return the list of partials")
-            expect_close(list(got), grad(xs), on=on, rtol=1e-4, atol=1e-6, what="partial derivatives")
-            expect(xs == before, f"your function changed the point it was given on {on}")
+            given = list(xs)
+            got = _expect_partials(call(candidate, f, given, on=on), len(xs), on)
+            expect(given == xs, f"your function changed the list xs it was given (now {_fmt(given)}) on {on}: "
+                                f"nudge a copy")
+            expect_close(got, grad(xs), on=on, rtol=1e-4, atol=1e-6, what="partial derivatives")
+    # With a large step the central difference is not the exact derivative, nor a one-sided step.
+    cubic = ("a**3 + a*b**2 - 2*c**3", lambda v: v[0] ** 3 + v[0] * v[1] ** 2 - 2 * v[2] ** 3)
+    for xs in [[1.0, -2.0, 0.5], [float(v) for v in rng.uniform(-2, 2, size=3)]]:
+        h = 0.1
+        on = f"f(a, b, c) = {cubic[0]} at {_fmt(xs)} with h={h}"
+        given = list(xs)
+        got = _expect_partials(call(candidate, cubic[1], given, h=h, on=on), len(xs), on)
+        expect(given == xs, f"your function changed the list xs it was given on {on}: nudge a copy")
+        expect_close(got, _central_partials(cubic[1], xs, h), on=on, rtol=1e-6, atol=1e-9,
+                     what="central differences")
 
 
-@exercise("1.1.3", hint="d/dx f(g(x)) = f'(g(x)) * g'(x): return a function of x that computes that")
+@exercise("1.1.3", hint="the chain rule multiplies the outer derivative, taken at g(x), by the inner one; "
+                        "return a function of x (a def inside yours, or a lambda)",
+          answer_hint="return lambda x: df(g(x)) * dg(x)")
 def _(candidate, rng):
     pairs = [("f(u) = u**2, g(x) = sin(x)", lambda u: 2 * u, math.sin, math.cos,
               lambda x: 2 * math.sin(x) * math.cos(x)),
@@ -71,39 +111,51 @@ def _(candidate, rng):
         for x in [0.0, 0.7, -1.2, *rng.uniform(-1.5, 1.5, size=3)]:
             on = f"{name} at x={x:.3g}"
             got = call(dfg, x, on=on)
-            expect_close(got, expected(x), on=on, rtol=1e-9, atol=1e-12, what="derivative")
+            expect_close(got, expected(x), on=on, rtol=1e-6, atol=1e-12, what="derivative")
 
 
-@exercise("1.1.4", hint="with u = 2x - 1: dL/du = 2 tanh(u) (1 - tanh(u)**2), and du/dx = 2")
+_BY_HAND = dict(forbid=["course.micrograd.Value.backward"], task="apply the chain rule by hand")
+
+
+@exercise("1.1.4", hint="three links in the chain: the square, tanh, and 2x - 1; multiply their local "
+                        "derivatives, each taken at its own input",
+          answer_hint="with u = 2x - 1: 2 tanh(u) (1 - tanh(u)**2) * 2", **_BY_HAND)
 def _(candidate, rng):
     for x in [0.0, 0.5, 1.0, -1.0, *rng.uniform(-2, 2, size=5)]:
         t = math.tanh(2 * x - 1)
         on = f"L(x) = tanh(2x - 1)**2 at x={x:.3g}"
         got = call(candidate, x, on=on)
-        expect_close(got, 4 * t * (1 - t * t), on=on, rtol=1e-7, atol=1e-10, what="dL/dx")
+        # float32 work is right too: it agrees to about 1e-7
+        expect_close(got, 4 * t * (1 - t * t), on=on, rtol=1e-5, atol=1e-7, what="dL/dx")
 
 
 # ---- 1.2 backpropagation ----
 
-@exercise("1.2.1", hint="exp is its own derivative: the input's gradient is exp(x) times out_grad")
+@exercise("1.2.1", hint="what is the derivative of exp? The chain rule then multiplies it by out_grad",
+          answer_hint="math.exp(x) * out_grad", forbid=["course.micrograd.Value.backward"],
+          task="write the backward step by hand")
 def _(candidate, rng):
     for x, g in [(0.0, 1.0), (1.0, 2.0), (-2.0, 0.5), *zip(rng.uniform(-3, 3, 4), rng.normal(size=4))]:
         on = f"x={x:.3g}, out_grad={g:.3g}"
         got = call(candidate, x, g, on=on)
-        expect_close(got, math.exp(x) * g, on=on, rtol=1e-9, what="gradient of x")
+        expect_close(got, math.exp(x) * g, on=on, rtol=1e-5, atol=1e-7, what="gradient of x")
 
 
-@exercise("1.2.2", hint="d(a**b)/da = b * a**(b - 1) and d(a**b)/db = a**b * log(a), both times out_grad")
+@exercise("1.2.2", hint="differentiate a**b once with b held fixed (a power) and once with a held fixed "
+                        "(a**b = exp(b log a)); multiply both by out_grad",
+          answer_hint="grad_a = b * a**(b - 1) * out_grad and grad_b = a**b * math.log(a) * out_grad",
+          forbid=["course.micrograd.Value.backward"], task="write the backward step by hand")
 def _(candidate, rng):
     cases = [(2.0, 3.0, 1.0), (0.5, -1.0, 2.0), (3.0, 0.5, -1.0)]
     cases += list(zip(rng.uniform(0.2, 3, 4), rng.uniform(-2, 2, 4), rng.normal(size=4)))
     for a, b, g in cases:
         on = f"a={a:.3g}, b={b:.3g}, out_grad={g:.3g}"
         got = call(candidate, a, b, g, on=on)
-        expect(hasattr(got, "__len__") and not isinstance(got, str) and len(got) == 2,
-               f"expected a pair (grad_a, grad_b), got {got!r:.80} on {on}")
-        expect_close(got[0], b * a ** (b - 1) * g, on=on, rtol=1e-9, what="grad_a")
-        expect_close(got[1], a ** b * math.log(a) * g, on=on, rtol=1e-9, what="grad_b")
+        expect(isinstance(got, (tuple, list)) or (isinstance(got, np.ndarray) and got.shape == (2,)),
+               f"expected a pair (grad_a, grad_b), got a {type(got).__name__} ({got!r:.60}) on {on}")
+        expect(len(got) == 2, f"expected a pair (grad_a, grad_b), got {len(got)} values on {on}")
+        expect_close(got[0], b * a ** (b - 1) * g, on=on, rtol=1e-5, atol=1e-7, what="grad_a")
+        expect_close(got[1], a ** b * math.log(a) * g, on=on, rtol=1e-5, atol=1e-7, what="grad_b")
 
 
 def _ops_in(root):
@@ -111,7 +163,11 @@ def _ops_in(root):
     return {v._op for v in topological_order(root)}
 
 
-@exercise("1.2.3", hint="tanh(x) = (exp(2x) - 1) / (exp(2x) + 1): use x.exp(), +, -, * and / only")
+@exercise("1.2.3", hint="write tanh with exponentials (its definition uses e^x and e^-x), then build that "
+                        "with x.exp(), +, -, * and / only",
+          answer_hint="e = (2 * x).exp(); return (e - 1) / (e + 1)",
+          forbid=["course.micrograd.Value.tanh", "course.micrograd.Value.sigmoid"],
+          task="build tanh from x.exp() and arithmetic")
 def _(candidate, rng):
     from course.micrograd import topological_order
     Value = _value()
@@ -122,7 +178,10 @@ def _(candidate, rng):
         x = Value(x0)
         y = call(candidate, x, on=on)
         _expect_value(y, on)
-        expect("tanh" not in _ops_in(y), f"your expression uses tanh itself on {on}: build it from exp")
+        # arithmetic records "+", "*" and "**n" (division is ** -1); a leaf records ""
+        other = sorted(op for op in _ops_in(y) if op not in ("", "+", "*", "exp") and not op.startswith("**"))
+        expect(not other, f"your expression uses {', '.join(other)} on {on}: build tanh from x.exp() and "
+                          f"arithmetic only")
         expect_close(y.data, math.tanh(x0), on=on, rtol=1e-9, atol=1e-12, what="value")
         expect(any(v is x for v in topological_order(y)),
                f"your result is not computed from x with Value operations on {on} (was it made "
@@ -151,9 +210,11 @@ def _check_order(order, root, on):
                    f"an input comes after the Value made from it (op {v._op!r}) on {on}")
 
 
-@exercise("1.2.4", hint="count the uses of each Value (an input listed twice counts twice); start from the "
-                        "root, emit a Value when its count is 0 and decrease its inputs' counts; no recursion; "
-                        "reverse the list at the end")
+@exercise("1.2.4", hint="count every appearance of a Value in a _prev (a + a uses a twice), walk with a "
+                        "stack rather than recursion, and reverse the list at the end",
+          answer_hint="count the uses; ready = [root]; pop a ready Value, append it, decrease each input's "
+                      "count (once per appearance) and push the inputs that reach 0; return the list reversed",
+          forbid=["course.micrograd.topological_order"], task="write Kahn's algorithm")
 def _(candidate, rng):
     Value = _value()
     a, b = Value(2.0, label="a"), Value(-3.0, label="b")
@@ -182,7 +243,9 @@ def _scores_and_labels(rng, n):
     return scores, labels
 
 
-@exercise("1.3.1", hint="the mean over the examples of relu(1 - y * score), as a Value")
+@exercise("1.3.1", hint="one hinge term per example, built from the score Values (so backward reaches them), "
+                        "then the mean",
+          answer_hint="sum((1 - y * s).relu() for s, y in zip(scores, labels)) * (1 / len(scores))")
 def _(candidate, rng):
     Value = _value()
     cases = [([Value(2.0), Value(-0.5), Value(0.3)], [1, -1, -1])]
@@ -198,7 +261,9 @@ def _(candidate, rng):
         expect_close([s.grad for s in scores], grads, on=on, what="gradients of the scores")
 
 
-@exercise("1.3.2", hint="count the examples where (score.data > 0) agrees with (label > 0), divide by their number")
+@exercise("1.3.2", hint="an example is right when the sign of its score agrees with its label; return a "
+                        "fraction, not a count",
+          answer_hint="sum((s.data > 0) == (y > 0) for s, y in zip(scores, labels)) / len(labels)")
 def _(candidate, rng):
     Value = _value()
     cases = [([Value(2.0), Value(-0.5), Value(0.3), Value(-1.0)], [1, -1, -1, 1])]
@@ -210,7 +275,9 @@ def _(candidate, rng):
         expect_close(got, right / len(labels), on=on, what="accuracy")
 
 
-@exercise("1.3.3", hint="alpha * sum(p * p for p in params): a Value, so that backward reaches the parameters")
+@exercise("1.3.3", hint="keep it a Value: square the parameters themselves, not their .data, so that "
+                        "backward reaches them",
+          answer_hint="alpha * sum(p * p for p in params)")
 def _(candidate, rng):
     Value = _value()
     for values in [[1.0, -2.0], [0.5], list(rng.normal(size=6))]:
@@ -225,7 +292,8 @@ def _(candidate, rng):
                          what="gradients of the parameters")
 
 
-@exercise("1.3.4", hint="for each p: p.data -= lr * p.grad (change .data in place; leave .grad alone)")
+@exercise("1.3.4", hint="move each parameter's .data against its gradient, in place; leave .grad alone",
+          answer_hint="for p in params: p.data -= lr * p.grad")
 def _(candidate, rng):
     Value = _value()
     for values, grads, lr in [([1.0, -2.0], [0.5, -1.0], 0.1),
@@ -236,13 +304,14 @@ def _(candidate, rng):
             p.grad = float(g)
             params.append(p)
         on = f"params {_fmt(values)}, grads {_fmt(grads)}, lr={lr}"
-        call(candidate, params, lr, on=on)
+        call(candidate, params, lr, on=on, returns=False)  # it changes the parameters, returns nothing
         expect_close([p.data for p in params], [v - lr * g for v, g in zip(values, grads)], on=on,
                      what="parameters after the step")
         expect_close([p.grad for p in params], grads, on=on, what="grads (the step should not change them)")
 
 
-@exercise("1.3.5", hint="the mean of (prediction - target)**2 over the examples, as a Value")
+@exercise("1.3.5", hint="square each difference, built from the prediction Values, then take the mean",
+          answer_hint="sum((p - t) ** 2 for p, t in zip(predictions, targets)) * (1 / len(predictions))")
 def _(candidate, rng):
     Value = _value()
     cases = [([1.0, 2.0], [0.0, 2.5]), (list(rng.normal(size=6)), list(rng.normal(size=6)))]

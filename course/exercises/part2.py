@@ -24,6 +24,10 @@ def _unpack(got, names, on):
 
 # ----- 2.1 from scalars to arrays ------------------------------------------------------------------
 
+# A backward written by hand, not read off the autograd engines of parts 2 and 3.
+_BY_HAND = dict(forbid=["course.tensor.Tensor.backward", "course.minitf.gradients"],
+                task="compute the gradient by hand, in NumPy")
+
 
 def _mean_backward(x_shape, axis, g):
     axes = tuple(range(len(x_shape))) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
@@ -32,8 +36,10 @@ def _mean_backward(x_shape, axis, g):
     return np.broadcast_to(np.expand_dims(g, axes), x_shape) / count
 
 
-@exercise("2.1.1", hint="put the averaged axes back as size 1 (np.expand_dims(g, axes)), broadcast to "
-                        "x_shape, and divide by the number of elements averaged together")
+@exercise("2.1.1", hint="each element of x gets an equal share of the gradient of the mean it went into: "
+                        "put the averaged axes back (size 1) and spread g over them",
+          answer_hint="np.broadcast_to(np.expand_dims(g, axes), x_shape) / (the number of elements averaged "
+                      "together), with axes the averaged axes (all of them for None)", **_BY_HAND)
 def _(candidate, rng):
     cases = [((4, 3), 0), ((4, 3), 1), ((4, 3), None), ((2, 3, 4), (0, 2)), ((2, 3, 4), -1), ((5,), 0)]
     for _ in range(3):
@@ -52,8 +58,10 @@ def _max_backward(x, axis, g):
     return mask / mask.sum(axis=axis, keepdims=True) * np.expand_dims(g, axis)
 
 
-@exercise("2.1.2", hint="the gradient flows only to the maximum of each slice: a mask `x == x.max(axis, "
-                        "keepdims=True)`, divided by how many elements tie, times g with its axis put back")
+@exercise("2.1.2", hint="only the largest element of each slice changes the max, so only it gets gradient; "
+                        "when several tie for the largest they share it",
+          answer_hint="mask = x == x.max(axis, keepdims=True); return mask / mask.sum(axis, keepdims=True) "
+                      "* np.expand_dims(g, axis)", **_BY_HAND)
 def _(candidate, rng):
     cases = [(np.array([[1.0, 5.0, 2.0], [7.0, 0.0, -1.0]]), 1),
              (np.array([[1.0, 5.0, 2.0], [7.0, 0.0, -1.0]]), 0),
@@ -67,8 +75,10 @@ def _(candidate, rng):
         expect_close(got, _max_backward(x, axis, g), on=on, what="gradient")
 
 
-@exercise("2.1.3", hint="for C = A @ B: dA = G @ B^T and dB = A^T @ G (swap the last two axes for "
-                        "a batch of matrices); check the shapes: dA like A, dB like B")
+@exercise("2.1.3", hint="let the shapes guide you: dA has A's shape and dB has B's; each is a product of "
+                        "G with the other factor, transposed",
+          answer_hint="dA = G @ B^T and dB = A^T @ G (for a batch, swap the last two axes: np.swapaxes(B, -1, -2))",
+          **_BY_HAND)
 def _(candidate, rng):
     shapes = [((2, 3), (3, 4)), ((1, 1), (1, 1)), ((5, 2), (2, 1)), ((3, 2, 4), (3, 4, 5))]
     for a_shape, b_shape in shapes:
@@ -83,8 +93,10 @@ def _(candidate, rng):
 # ----- 2.2 modules and optimizers --------------------------------------------------------------
 
 
-@exercise("2.2.1", hint="v = momentum * v + grad, then p = p - lr * v (v starts at zero, so the first "
-                        "step is plain SGD)")
+@exercise("2.2.1", hint="the velocity remembers past gradients (it starts at zero, so the first step is plain "
+                        "SGD), and the parameter moves along the velocity",
+          answer_hint="v = momentum * v + grad, then p = p - lr * v; return (p, v)",
+          forbid=["course.optim.SGD"], task="write the momentum update in NumPy")
 def _(candidate, rng):
     cases = [(np.array([1.0]), [np.array([0.5]), np.array([-1.0]), np.array([2.0])], 0.1, 0.9),
              (rng.normal(size=(2, 3)), [rng.normal(size=(2, 3)) for _ in range(3)], 0.05, 0.5),
@@ -103,11 +115,15 @@ def _(candidate, rng):
             p, v = np.asarray(got[0]), np.asarray(got[1])
 
 
-@exercise("2.2.2", hint="m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; m_hat = m / (1 - b1**t); "
-                        "v_hat = v / (1 - b2**t); p -= lr m_hat / (sqrt(v_hat) + eps), with t counting from 1")
+@exercise("2.2.2", hint="update both running averages, correct their bias with t (which counts from 1), and "
+                        "keep eps outside the square root",
+          answer_hint="m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; m_hat = m / (1 - b1**t); v_hat = v / (1 - b2**t); "
+                      "p -= lr m_hat / (sqrt(v_hat) + eps)",
+          forbid=["course.optim.Adam", "course.optim.AdamW"], task="write the Adam update in NumPy")
 def _(candidate, rng):
     cases = [(np.array([1.0]), [np.array([1.0]), np.array([-1.0]), np.array([2.0])], 0.1, 0.5, 0.75, 0.0),
-             (rng.normal(size=(3, 2)), [rng.normal(size=(3, 2)) for _ in range(4)], 0.01, 0.9, 0.999, 1e-8)]
+             (rng.normal(size=(3, 2)), [rng.normal(size=(3, 2)) for _ in range(4)], 0.01, 0.9, 0.999, 1e-8),
+             (rng.normal(size=4), [rng.normal(size=4) * 0.1 for _ in range(2)], 0.1, 0.8, 0.9, 0.5)]  # a large eps
     for p0, grads, lr, b1, b2, eps in cases:
         p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
         ep, em, ev = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
@@ -124,8 +140,11 @@ def _(candidate, rng):
             p, m, v = (np.asarray(x) for x in got)
 
 
-@exercise("2.2.3", hint="the norm is sqrt of the sum of squares of ALL gradients together; if it is above "
-                        "max_norm, multiply every gradient by max_norm / norm, otherwise leave them alone")
+@exercise("2.2.3", hint="one norm for all the gradients together, not one each; scale them only when it is "
+                        "above max_norm, and all by the same factor",
+          answer_hint="norm = sqrt(sum of (g ** 2).sum() over every g); if norm > max_norm, multiply every g "
+                      "by max_norm / norm; return (grads, norm)",
+          forbid=["course.optim.clip_grad_norm_"], task="write the clipping in NumPy")
 def _(candidate, rng):
     cases = [([np.array([3.0, 0.0]), np.array([4.0])], 1.0),
              ([np.array([0.3, 0.0]), np.array([0.4])], 1.0),
@@ -155,9 +174,11 @@ def _warmup_cosine(step, warmup, total, min_ratio):
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-@exercise("2.2.4", hint="during warmup the factor is (step + 1) / warmup_steps; then progress = "
-                        "(step - warmup_steps) / (total_steps - warmup_steps) and the factor is "
-                        "min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2; after total_steps, min_ratio")
+@exercise("2.2.4", hint="three phases: a straight line up that reaches 1 at the last warm-up step, half a "
+                        "cosine from 1 down to min_ratio, then min_ratio from total_steps on",
+          answer_hint="during warm-up (step + 1) / warmup_steps; then with progress = (step - warmup_steps) / "
+                      "(total_steps - warmup_steps): min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2",
+          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule")
 def _(candidate, rng):
     settings = [(4, 12, 0.0), (10, 100, 0.1), (int(rng.integers(1, 20)), int(rng.integers(30, 80)), 0.05)]
     for warmup, total, min_ratio in settings:
@@ -176,8 +197,9 @@ def _softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@exercise("2.3.1", hint="the Jacobian of softmax is diag(s) - s s^T, so dx = s * (g - sum(g * s, "
-                        "axis=-1, keepdims=True))")
+@exercise("2.3.1", hint="every output of a row depends on every input of that row; apply the Jacobian "
+                        "diag(s) - s s^T to g without building it: one sum over the row is enough",
+          answer_hint="s * (g - (g * s).sum(axis=-1, keepdims=True))", **_BY_HAND)
 def _(candidate, rng):
     xs = [np.array([1.0, 2.0, 3.0]), np.array([[0.0, 0.0], [5.0, -5.0]]), rng.normal(size=(4, 6)),
           rng.normal(size=(2, 3, 5)) * 3]
@@ -195,8 +217,12 @@ def _cross_entropy(logits, targets):
     return float(-logp[np.arange(len(targets)), targets].mean())
 
 
-@exercise("2.3.2", hint="subtract each row's maximum before exp (log-sum-exp); the loss is the mean over "
-                        "rows of logsumexp(row) - row[target]")
+@exercise("2.3.2", hint="exp of a large logit overflows: shift each row by a constant first (the softmax does "
+                        "not change), and work with log-probabilities",
+          answer_hint="with m the row max, logsumexp(row) = m + log(sum(exp(row - m))); the loss is the mean over "
+                      "rows of logsumexp(row) - row[target]",
+          forbid=["course.tensor.functional.cross_entropy", "course.tensor.functional.log_softmax"],
+          task="write a stable cross-entropy in NumPy")
 def _(candidate, rng):
     cases = [(np.array([[2.0, 1.0, 0.1]]), np.array([0])),
              (np.array([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4]]), np.array([1, 2])),  # exp would overflow
@@ -204,12 +230,14 @@ def _(candidate, rng):
     for logits, targets in cases:
         on = f"logits of shape {logits.shape} (largest |logit| {np.abs(logits).max():.3g}), targets {targets.tolist()}"
         got = call(candidate, logits.copy(), targets.copy(), on=on)
+        expect(np.size(got) == 1, f"expected the loss as one number, got {np.size(got)} values on {on}")
         expect(np.all(np.isfinite(np.asarray(got, dtype=np.float64))), f"the loss is not finite on {on}")
         expect_close(got, _cross_entropy(logits, targets), on=on, what="loss", rtol=1e-6)
 
 
-@exercise("2.3.3", hint="matrix[true, predicted] counts the examples of class `true` predicted as "
-                        "`predicted`: np.add.at(matrix, (y_true, y_pred), 1)")
+@exercise("2.3.3", hint="rows are the true classes and columns the predicted ones; every example adds 1 to "
+                        "one cell, even when several land on the same cell",
+          answer_hint="matrix = np.zeros((n_classes, n_classes), dtype=int); np.add.at(matrix, (y_true, y_pred), 1)")
 def _(candidate, rng):
     cases = [(np.array([0, 1, 2, 2, 1]), np.array([0, 2, 2, 2, 1]), 3),
              (np.array([1, 1]), np.array([0, 0]), 4)]
@@ -223,21 +251,40 @@ def _(candidate, rng):
         expect_close(got, expected, on=on, what="confusion matrix")
 
 
-@exercise("2.3.4", hint="keep each element with probability 1 - p (rng.random(x.shape) >= p) and divide "
-                        "the kept ones by 1 - p, so the mean of the output equals the mean of the input")
+@exercise("2.3.4", hint="draw the mask from the generator you are given, zero each element with probability "
+                        "p, and scale what you keep so that the mean is unchanged",
+          answer_hint="x * (rng.random(x.shape) >= p) / (1 - p)",
+          forbid=["course.tensor.functional.dropout", "course.nn.Dropout"], task="write dropout in NumPy")
 def _(candidate, rng):
-    x = np.ones(200_000)
+    shape = (400, 500)
     for p in (0.1, 0.5, 0.8):
-        on = f"x = ones(200000), p={p}"
+        # random values of both signs: an answer that ignores x, or picks by value, cannot pass
+        x = rng.uniform(0.5, 2.0, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        on = f"a random x of shape {shape}, p={p}, rng=np.random.default_rng(0)"
         got = np.asarray(call(candidate, x.copy(), p, np.random.default_rng(0), on=on), dtype=np.float64)
         expect(got.shape == x.shape, f"the output has shape {got.shape}, expected {x.shape} on {on}")
         kept = got != 0
         expect(abs((~kept).mean() - p) < 0.01,
                f"expected a fraction {p} of zeros, got {(~kept).mean():.3f} on {on}")
-        expect(np.allclose(got[kept], 1 / (1 - p)),
-               f"expected the kept elements to be 1/(1-p) = {1 / (1 - p):.4g}, got values like "
-               f"{got[kept][:3].round(4).tolist()} on {on}")
+        for part, rows in (("first", slice(0, 100)), ("last", slice(300, 400))):
+            expect(abs((~kept[rows]).mean() - p) < 0.03,
+                   f"the zeros are not spread at random: a fraction {(~kept[rows]).mean():.3f} of the {part} "
+                   f"100 rows is zero, expected about {p} on {on}")
+        expect(np.allclose(got[kept], x[kept] / (1 - p)),
+               f"expected each kept element to be x / (1 - p), got {got[kept][:3].round(4).tolist()} "
+               f"where x is {x[kept][:3].round(4).tolist()} on {on}")
+        again = np.asarray(call(candidate, x.copy(), p, np.random.default_rng(0), on=on), dtype=np.float64)
+        expect(again.shape == x.shape and np.array_equal(again != 0, kept),
+               f"two calls with generators seeded alike zeroed different elements on {on}: draw the mask from "
+               f"the rng you are given (not np.random or a generator of your own)")
+        other = np.asarray(call(candidate, x.copy(), p, np.random.default_rng(1), on=on), dtype=np.float64)
+        expect(other.shape == x.shape and not np.array_equal(other != 0, kept),
+               f"generators seeded differently (0 and 1) zeroed the same elements on {on}: draw the mask from "
+               f"the rng you are given")
     y = rng.normal(size=(3, 4))
     on = "a (3, 4) input with p=0"
     got = call(candidate, y.copy(), 0.0, np.random.default_rng(0), on=on)
     expect_close(got, y, on=on, what="output (p=0 must change nothing)")
+
+
+from . import part2_modules  # noqa: E402,F401  (the checks of 2.2.5 and 2.2.6: importing registers them)

@@ -26,8 +26,11 @@ def _graph_with_waste():
 
 # ---------------------------------------------------------------- 3.1
 
-@exercise("3.1.1", hint="depth-first from the fetch: add a node to the order only after all its inputs "
-                        "(keep a set of visited nodes so that each appears once)")
+@exercise("3.1.1", hint="a node can be placed only after all its inputs; remember the nodes already placed so "
+                        "that each appears once",
+          answer_hint="depth-first from the fetch: visit a node's inputs first, then append the node; skip a "
+                      "node already visited (a stack of (node, inputs_done) pairs avoids recursion)",
+          forbid=["course.minitf.topological_order"], task="write the depth-first order")
 def _(candidate, rng):
     import course.minitf as tf
 
@@ -52,8 +55,10 @@ def _(candidate, rng):
                 expect(pos[i] < pos[n], f"'{n.name}' comes before its input '{i.name}' on {on}")
 
 
-@exercise("3.1.2", hint="x = tf.placeholder((None, n_features)), w a Variable of shape (n_features, 1), "
-                        "b a Variable of shape (1,), p = tf.sigmoid(x @ w + b)")
+@exercise("3.1.2", hint="a placeholder for the batch (its number of rows unknown), Variables for the weights "
+                        "and the bias, and the sigmoid of the affine map, all in the default graph",
+          answer_hint="x = tf.placeholder((None, n_features)), w a Variable of shape (n_features, 1), b a "
+                      "Variable of shape (1,), p = tf.sigmoid(x @ w + b)")
 def _(candidate, rng):
     import course.minitf as tf
 
@@ -82,8 +87,12 @@ def _(candidate, rng):
             expect_close(value, want, on=f"{on}, a batch of {batch}", what="p")
 
 
-@exercise("3.1.3", hint="same number of axes, and every declared size is None or equal to the actual one; "
-                        "a declared shape of None fits anything")
+@exercise("3.1.3", hint="compare the number of axes first, then each size: a declared None fits any size, "
+                        "and a declared shape of None fits anything",
+          answer_hint="declared is None or (len(declared) == len(actual) and all(d is None or d == a for d, a "
+                      "in zip(declared, actual)))",
+          forbid=["course.minitf.shapes.compatible", "course.minitf.ops.check_feed"],
+          task="write the comparison")
 def _(candidate, rng):
     cases = [((None, 2), (5, 2), True), ((None, 2), (5, 3), False), ((None, 2), (2,), False),
              ((3,), (3,), True), ((), (), True), ((), (1,), False), (None, (4, 4, 4), True),
@@ -105,7 +114,13 @@ def _softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@exercise("3.2.1", hint="the Jacobian of softmax is diag(s) - s s^T; apply it to g without building the matrix")
+_BY_HAND = dict(forbid=["course.minitf.gradients", "course.tensor.Tensor.backward"],
+                task="derive the gradient by hand")
+
+
+@exercise("3.2.1", hint="the Jacobian of softmax is diag(s) - s s^T; apply it to g without building the matrix: "
+                        "one sum over the last axis is enough",
+          answer_hint="s * (g - (g * s).sum(axis=-1, keepdims=True))", **_BY_HAND)
 def _(candidate, rng):
     for shape in [(3,), (2, 4), (5, 3), (2, 3, 4)]:
         x = rng.normal(size=shape)
@@ -124,8 +139,11 @@ def _(candidate, rng):
         expect_close(got, want, on=on, rtol=1e-5, atol=1e-7, what="gradient")
 
 
-@exercise("3.2.2", hint="first sum over the leading axes that broadcasting added, then (keepdims=True) "
-                        "over the axes where `shape` has a 1 and the gradient does not")
+@exercise("3.2.2", hint="broadcasting added leading axes and stretched axes of size 1: the gradient sums over "
+                        "both, and the result must have exactly `shape`",
+          answer_hint="sum over the leading axes that broadcasting added, then (keepdims=True) over the axes "
+                      "where `shape` has a 1 and the gradient does not",
+          forbid=["course.tensor.unbroadcast"], task="write the reduction")
 def _(candidate, rng):
     cases = [((4, 3), (3,)), ((4, 3), (1, 3)), ((4, 3), (4, 1)), ((4, 3), ()), ((2, 3, 4), (3, 1)),
              ((2, 3), (2, 3)), ((5,), (1,))]
@@ -142,7 +160,10 @@ def _(candidate, rng):
         expect_close(got, want, on=on, what="reduced gradient")
 
 
-@exercise("3.2.3", hint="d tanh(x)/dx = 1 - tanh(x)^2 = 1 - y * y: build g * (1 - y * y) from the nodes")
+@exercise("3.2.3", hint="the derivative of tanh can be written with its output y alone; chain it with the "
+                        "incoming gradient g, building nodes",
+          answer_hint="g * (1 - y * y)", forbid=["course.minitf.gradients"],
+          task="build the gradient from the nodes y and g")
 def _(candidate, rng):
     import course.minitf as tf
 
@@ -162,8 +183,10 @@ def _(candidate, rng):
 
 # ---------------------------------------------------------------- 3.3
 
-@exercise("3.3.1", hint="(n, k) @ (k, m) is (n, m); a None size fits anything; raise ValueError naming "
-                        "both shapes when two known inner sizes differ")
+@exercise("3.3.1", hint="the result takes the outer sizes; the inner sizes must agree unless one is None, "
+                        "and an error should name both shapes",
+          answer_hint="return (a[0], b[1]); raise ValueError(f'... {a} ... {b}') when a[1] and b[0] are both known "
+                      "and differ", forbid=["course.minitf.shapes.matmul"], task="write the shape rule")
 def _(candidate, rng):
     cases = [((2, 3), (3, 4), (2, 4)), ((None, 3), (3, 5), (None, 5)), ((2, None), (7, 1), (2, 1)),
              ((None, None), (None, None), (None, None)), ((1, 1), (1, 1), (1, 1))]
@@ -191,9 +214,10 @@ def _(candidate, rng):
             raise CheckFailed(f"expected a ValueError on {on} (the inner sizes differ), got no error")
 
 
-@exercise("3.3.2", hint="in visit(node, inputs, new), when node.op == 'mul' and one of `inputs` is a "
-                        "constant whose value has shape () and equals 1, return the other one of `inputs` "
-                        "(the new graph's nodes, not node.inputs); otherwise return None")
+@exercise("3.3.2", hint="let compiler.rewrite build the new graph; in visit, look at `inputs` (the new graph's "
+                        "nodes), and only a scalar constant 1 may go: an array of ones broadcasts",
+          answer_hint="in visit(node, inputs, new): when node.op == 'mul' and one of `inputs` is a constant whose "
+                      "value has shape () and equals 1, return the other one of `inputs`; otherwise return None")
 def _(candidate, rng):
     import course.minitf as tf
     from course.minitf import compiler
@@ -224,8 +248,11 @@ def _(candidate, rng):
         expect_close(got, tf.Session(g).run("out", {"x": xv}), on=f"a batch of {batch}", what="output")
 
 
-@exercise("3.3.3", hint="axis None means every axis; a negative axis counts from the end; keepdims leaves "
-                        "a 1 where an axis was summed")
+@exercise("3.3.3", hint="turn axis into a set of non-negative axes first (None and negative axes included), "
+                        "then drop those axes, or keep a 1 in their place",
+          answer_hint="axes = all axes if axis is None, else {a % len(shape) for each a}; keepdims: 1 where an "
+                      "axis is in axes; otherwise leave those sizes out",
+          forbid=["course.minitf.shapes.reduce"], task="write the shape rule")
 def _(candidate, rng):
     cases = [((2, 3, 4), None, False, ()), ((2, 3, 4), None, True, (1, 1, 1)), ((2, 3, 4), 1, False, (2, 4)),
              ((2, 3, 4), -1, True, (2, 3, 1)), ((None, 5), 0, False, (5,)), ((None, 5), 1, True, (None, 1)),

@@ -33,8 +33,12 @@ def _ref_count(vocab_size, block_size, n_layer, n_embd):
     return vocab_size * C + block_size * C + n_layer * per_block + 2 * C + C * vocab_size
 
 
-@exercise("4.3.1", hint="per block: two LayerNorms (2C each), c_attn (3C*C + 3C), attn c_proj (C*C + C), "
-                        "c_fc (4C*C + 4C), mlp c_proj (4C*C + C); add wte, wpe, ln_f and lm_head (no bias)")
+@exercise("4.3.1", hint="count every weight matrix and bias of one block (two LayerNorms, attention's two "
+                        "projections, the MLP's two), times n_layer; then the two embeddings, the final "
+                        "LayerNorm and the head (it has no bias)",
+          answer_hint="per block: two LayerNorms (2C each), c_attn (3C*C + 3C), attn c_proj (C*C + C), c_fc "
+                      "(4C*C + 4C), mlp c_proj (4C*C + C); add wte (V*C), wpe (T*C), ln_f (2C) and lm_head (C*V)",
+          forbid=["course.gpt.GPT", "course.nn.Module.num_parameters"], task="count them with a formula")
 def _(candidate, rng):
     cases = [(65, 64, 4, 128), (3, 11, 2, 48), (10, 8, 1, 4), (50257, 1024, 12, 768)]
     cases += [(int(rng.integers(2, 100)), int(rng.integers(1, 64)), int(rng.integers(1, 5)),
@@ -52,8 +56,10 @@ def _ref_layer_norm(x, weight, bias, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * weight + bias
 
 
-@exercise("4.3.2", hint="over the last axis: (x - mean) / sqrt(var + eps), with the biased variance "
-                        "(divide by C, not C - 1) and eps inside the square root, then * weight + bias")
+@exercise("4.3.2", hint="normalise each row on its own over the last axis, with the biased variance (divide by "
+                        "C) and eps inside the square root, then scale and shift",
+          answer_hint="mean and var over axis -1 with keepdims=True; (x - mean) / np.sqrt(var + eps) * weight + bias",
+          forbid=["course.tensor.functional.layer_norm", "course.nn.LayerNorm"], task="write it in NumPy")
 def _(candidate, rng):
     cases = [(np.array([[1.0, 2.0, 3.0, 4.0]]), np.ones(4), np.zeros(4), "x=[[1, 2, 3, 4]], weight 1, bias 0"),
              (np.array([[5.0, 5.0, 5.0]]), np.ones(3), np.zeros(3), "x=[[5, 5, 5]] (a constant row)"),
@@ -68,10 +74,16 @@ def _(candidate, rng):
     for x, w, b, on in cases:
         got = call(candidate, x.copy(), w.copy(), b.copy(), on=on)
         expect_close(got, _ref_layer_norm(x, w, b), on=on, rtol=1e-5, atol=1e-6)  # float32 work passes
+    # the eps it is given: with eps=0.1 the row [0, 0.5] normalises to about +-0.62, not +-1
+    x, w, b = np.array([[0.0, 0.5], [2.0, 1.0]]), np.ones(2), np.zeros(2)
+    on = "x=[[0, 0.5], [2, 1]] with eps=0.1"
+    got = call(candidate, x.copy(), w.copy(), b.copy(), eps=0.1, on=on)
+    expect_close(got, _ref_layer_norm(x, w, b, eps=0.1), on=on, rtol=1e-5, atol=1e-6)
 
 
-@exercise("4.3.3", hint="pre-LayerNorm: normalise the input of each sublayer, not the sum: "
-                        "x = x + attn(ln_1(x)), then x = x + mlp(ln_2(x))")
+@exercise("4.3.3", hint="pre-LayerNorm: each sublayer reads a normalised copy of the residual stream and "
+                        "adds its output to the stream, which is never normalised itself",
+          answer_hint="x = x + attn(ln_1(x)), then return x + mlp(ln_2(x))")
 def _(candidate, rng):
     for trial in range(3):
         C = 4
@@ -101,8 +113,12 @@ def _ref_ce(logits, targets, ignore_index=-1):
     return -(picked * keep).sum() / keep.sum()
 
 
-@exercise("4.3.4", hint="log-softmax with the row max subtracted, pick each target's log-probability, "
-                        "and average over the targets that are not ignore_index (not over all of them)")
+@exercise("4.3.4", hint="a stable log-softmax, one log-probability per target, and the mean over the targets "
+                        "that count (ignore_index ones do not)",
+          answer_hint="log-softmax with the row max subtracted; pick each target's log-probability "
+                      "(np.take_along_axis); minus their sum over the kept targets, divided by the number kept",
+          forbid=["course.tensor.functional.cross_entropy", "course.tensor.functional.log_softmax"],
+          task="write it in NumPy")
 def _(candidate, rng):
     cases = [(np.zeros((1, 2, 4)), np.array([[0, 3]]), "uniform logits (1, 2, 4), targets [[0, 3]]"),
              (np.array([[[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]]]), np.array([[0, -1]]),
@@ -117,13 +133,18 @@ def _(candidate, rng):
         if arr is not None and not np.isfinite(arr):
             raise CheckFailed(f"the loss is {float(arr)} on {on}: subtract the row max before np.exp")
         expect_close(got, _ref_ce(logits, targets), on=on, rtol=1e-6, atol=1e-9, what="loss")
+    # the ignore_index it is given, not always -1
+    logits, targets = rng.normal(size=(1, 4, 6)), np.array([[2, 5, 0, 5]])
+    on = "random logits (1, 4, 6), targets [[2, 5, 0, 5]] with ignore_index=5"
+    got = call(candidate, logits.copy(), targets.copy(), ignore_index=5, on=on)
+    expect_close(got, _ref_ce(logits, targets, ignore_index=5), on=on, rtol=1e-6, atol=1e-9, what="loss")
 
 
 # ---- 4.4 training and sampling ------------------------------------------------------------------
 
 
-@exercise("4.4.1", hint="x = the block_size tokens from each start, y = the block_size tokens from start + 1: "
-                        "data[starts[:, None] + np.arange(block_size)]")
+@exercise("4.4.1", hint="y is x shifted by one token; a 2-D array of indices cuts every window at once",
+          answer_hint="idx = starts[:, None] + np.arange(block_size); return data[idx], data[idx + 1]")
 def _(candidate, rng):
     data = np.arange(100, 120)
     cases = [(data, np.array([0]), 4), (data, np.array([3, 0, 10]), 5), (data, np.array([15]), 4)]
@@ -144,16 +165,26 @@ def _ref_top_k(logits, k):
     return np.where(logits < kth, -np.inf, logits)
 
 
-@exercise("4.4.2", hint="find each row's k-th largest value (np.sort(...)[..., -k]) and set everything "
-                        "smaller to -inf with np.where; keep the shape")
+@exercise("4.4.2", hint="find each row's k-th largest value; only what is strictly smaller becomes -inf, so "
+                        "logits equal to it stay; keep the shape",
+          answer_hint="kth = np.sort(logits, axis=-1)[..., -k, None]; return np.where(logits < kth, -np.inf, logits)",
+          forbid=["course.gpt.top_k_filter"], task="write the filter in NumPy")
 def _(candidate, rng):
     cases = [(np.array([[1.0, 5.0, 3.0, 2.0]]), 2), (np.array([[1.0, 5.0, 3.0, 2.0]]), 1),
              (np.array([[1.0, 5.0, 3.0, 2.0]]), 4), (np.array([[0.0, 2.0, 1.0], [3.0, -1.0, 0.5]]), 2),
-             (rng.normal(size=(3, 10)), 3)]
+             (rng.normal(size=(3, 10)), 3),
+             # ties with the k-th largest are kept: more than k logits survive
+             (np.array([[1.0, 3.0, 3.0, 2.0]]), 1), (np.array([[2.0, 2.0, 2.0, 1.0], [0.5, 4.0, 0.5, 0.5]]), 2)]
     for logits, k in cases:
         on = f"logits={np.round(logits, 3).tolist()}, k={k}"
         got = call(candidate, logits.copy(), k, on=on)
-        expect_close(got, _ref_top_k(logits, k), on=on, rtol=0, atol=0)
+        expected = _ref_top_k(logits, k)
+        arr = np.asarray(got, dtype=np.float64)
+        if arr.shape == expected.shape and (np.isfinite(arr).sum() < np.isfinite(expected).sum()):
+            raise CheckFailed(f"your result keeps {int(np.isfinite(arr).sum())} logits, expected "
+                              f"{int(np.isfinite(expected).sum())} on {on}: a logit equal to the k-th largest "
+                              f"is kept too")
+        expect_close(got, expected, on=on, rtol=0, atol=0)
 
 
 def _ref_temp(logits, temperature):
@@ -162,8 +193,10 @@ def _ref_temp(logits, temperature):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@exercise("4.4.3", hint="softmax(logits / temperature) over the last axis, with the row max subtracted "
-                        "before np.exp")
+@exercise("4.4.3", hint="the temperature divides the logits before the softmax; keep the softmax stable",
+          answer_hint="z = logits / temperature; e = np.exp(z - z.max(-1, keepdims=True)); return e / e.sum(-1, "
+                      "keepdims=True)",
+          forbid=["course.tensor.functional.softmax", "course.gpt.sample_next"], task="write it in NumPy")
 def _(candidate, rng):
     logits = np.array([[2.0, 1.0, 0.0, -1.0]])
     cases = [(logits, 1.0), (logits, 0.5), (logits, 2.0), (logits, 0.01), (np.array([[1000.0, 999.0]]), 1.0),
@@ -174,8 +207,11 @@ def _(candidate, rng):
         expect_close(got, _ref_temp(lg, t), on=on, rtol=1e-5, atol=1e-9, what="probabilities")
 
 
-@exercise("4.4.4", hint="write k_new into cache_k[:, :, length:length + T_new] (and v likewise), then "
-                        "return the first length + T_new positions of both caches")
+@exercise("4.4.4", hint="write the new keys and values into the caches themselves, just after the `length` "
+                        "stored positions, and return the filled part of each",
+          answer_hint="cache_k[:, :, length:length + T_new] = k_new (and v likewise); return cache_k[:, :, "
+                      ":length + T_new], cache_v[:, :, :length + T_new]",
+          forbid=["course.gpt.KVCache"], task="write the update in NumPy")
 def _(candidate, rng):
     B, H, max_len, D = 2, 3, 8, 4
     for length, t_new in [(0, 1), (0, 3), (3, 1), (5, 3), (int(rng.integers(0, 7)), 1)]:
@@ -207,9 +243,11 @@ def _ref_lr(step, warmup, total, max_lr, min_lr):
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-@exercise("4.4.5", hint="warm-up: max_lr * (step + 1) / warmup; then min_lr + (max_lr - min_lr) * "
-                        "0.5 * (1 + cos(pi * progress)) with progress = (step - warmup) / (total - warmup); "
-                        "min_lr from total on")
+@exercise("4.4.5", hint="a straight line up that reaches max_lr at the last warm-up step, half a cosine from "
+                        "max_lr down to min_lr, then min_lr from total on",
+          answer_hint="warm-up: max_lr * (step + 1) / warmup; then min_lr + (max_lr - min_lr) * 0.5 * (1 + "
+                      "cos(pi * progress)) with progress = (step - warmup) / (total - warmup)",
+          forbid=["course.optim.warmup_cosine", "course.optim.WarmupCosine"], task="write the schedule")
 def _(candidate, rng):
     settings = [(10, 100, 1e-3, 1e-4), (0, 50, 0.5, 0.0), (5, 20, 2.0, 1.0)]
     for warmup, total, max_lr, min_lr in settings:

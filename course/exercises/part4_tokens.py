@@ -50,7 +50,11 @@ def _ref_bpe_encode(text, merges):
     return ids
 
 
-@exercise("4.1.1", hint="sorted(set(text)) gives the characters in order; enumerate them")
+@exercise("4.1.1", hint="the ids follow the characters in sorted order, each character once; itos is the "
+                        "mapping read backwards",
+          answer_hint="chars = sorted(set(text)); stoi = {c: i for i, c in enumerate(chars)}; itos = dict(enumerate(chars))",
+          forbid=["course.gpt.CharTokenizer", "course.gpt.CharTokenizer.from_text"],
+          task="build the vocabulary")
 def _(candidate, rng):
     texts = ["hello world", "", "To be, or not to be", "ba\nab",
              _random_text(rng, "abcdefgh .,!\n", 40), _random_text(rng, "xyzXYZ 019éü", 25)]
@@ -73,7 +77,8 @@ def _(candidate, rng):
         expect(len(itos) == len(chars), f"itos has {len(itos)} entries, expected {len(chars)} on {on}")
 
 
-@exercise("4.1.2", hint="zip(ids, ids[1:]) walks over the adjacent pairs")
+@exercise("4.1.2", hint="walk over every pair of neighbours (overlapping ones too) and count each in a dict",
+          answer_hint="for pair in zip(ids, ids[1:]): counts[pair] = counts.get(pair, 0) + 1")
 def _(candidate, rng):
     cases = [[1, 2, 3, 1, 2], [5, 5, 5, 5], [7], [], [0, 1, 0, 1, 0]]
     cases += [list(rng.integers(0, 4, size=n).tolist()) for n in (10, 30)]
@@ -87,8 +92,11 @@ def _(candidate, rng):
         expect(dict(got) == expected, f"expected {_short(expected, 160)}, got {_short(dict(got), 160)} on {on}")
 
 
-@exercise("4.1.3", hint="walk left to right; on a match append new_id and jump two places, "
-                        "otherwise append the id and move one")
+@exercise("4.1.3", hint="build a new list while walking left to right; after a match skip both ids of the "
+                        "pair, so that matches cannot overlap",
+          answer_hint="out, i = [], 0; while i < len(ids): on a match at i append new_id and i += 2, "
+                      "otherwise append ids[i] and i += 1",
+          forbid=["course.gpt.tokenizer._merge"], task="write the merge")
 def _(candidate, rng):
     cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
              ([1, 2], (2, 1), 3), ([], (1, 2), 3), ([3, 1, 2, 1, 2, 1], (2, 1), 8)]
@@ -97,14 +105,21 @@ def _(candidate, rng):
         cases.append((ids, (int(ids[0]), int(ids[1])), 99))
     for ids, pair, new_id in cases:
         on = f"ids={ids}, pair={pair}, new_id={new_id}"
-        original = list(ids)
-        got = call(candidate, ids, pair, new_id, on=on)
-        expected = _ref_merge(original, pair, new_id)
+        given = list(ids)
+        got = call(candidate, given, pair, new_id, on=on)
+        expected = _ref_merge(ids, pair, new_id)
+        expect(given == ids, f"your function changed the list it was given (to {_short(given)}) on {on}: "
+                             f"return a new list and leave ids as it is")
         expect(_as_ids(got) == expected, f"expected {expected}, got {_short(got)} on {on}")
+        expect(got is not given, f"your function returned the list it was given on {on}: return a new list")
 
 
-@exercise("4.1.4", hint="start from list(text.encode('utf-8')); while some adjacent pair is in "
-                        "merges, merge the one with the smallest new id (it was learned first)")
+@exercise("4.1.4", hint="apply the merge learned earliest (the smallest new id) among the adjacent pairs, which "
+                        "need not be the most frequent pair; repeat until no adjacent pair has a merge",
+          answer_hint="ids = list(text.encode('utf-8')); while some adjacent pair is in merges: take the present "
+                      "pair p with the smallest merges[p] and ids = merge(ids, p, merges[p])",
+          forbid=["course.gpt.BPETokenizer.encode", "course.gpt.BPETokenizer._encode_chunk",
+                  "course.gpt.tokenizer._merge"], task="apply the merges")
 def _(candidate, rng):
     from course.gpt import BPETokenizer
 
@@ -113,10 +128,14 @@ def _(candidate, rng):
     merges = dict(tok.ranks)
     texts = ["the cat", "", "aaaaa", "that", "hé 🙂", "the mat sat on the hat",
              _random_text(rng, "theca s", 30)]
-    for text in texts:
-        on = f"text={text!r} with the {len(merges)} merges of the cell"
-        got = call(candidate, text, dict(merges), on=on)
-        expected = _ref_bpe_encode(text, merges)
+    cases = [(text, merges, f"text={text!r} with the {len(merges)} merges of the cell") for text in texts]
+    # The pair learned first is not the most frequent one here: bc occurs twice, ab once.
+    small = {(97, 98): 256, (98, 99): 257}
+    cases += [(text, small, f"text={text!r} with merges {{(97, 98): 256, (98, 99): 257}} (ab learned first)")
+              for text in ("abcbc", "abcbcbcab")]
+    for text, table, on in cases:
+        got = call(candidate, text, dict(table), on=on)
+        expected = _ref_bpe_encode(text, table)
         expect(_as_ids(got) == expected,
                f"expected {_short(expected)}, got {_short(got)} on {on}")
 
@@ -142,8 +161,9 @@ def _ref_mask(T):
     return np.triu(np.ones((T, T), dtype=bool), k=1)
 
 
-@exercise("4.2.1", hint="True marks what query i must not see, the keys j > i: "
-                        "np.triu(np.ones((T, T), dtype=bool), k=1)")
+@exercise("4.2.1", hint="True marks what query i (row i) must not see: the keys that come after it",
+          answer_hint="np.triu(np.ones((T, T), dtype=bool), k=1)",
+          forbid=["course.tensor.functional.causal_mask"], task="build the mask in NumPy")
 def _(candidate, rng):
     for T in (1, 2, 3, 5, 8):
         on = f"T={T}"
@@ -157,7 +177,11 @@ def _(candidate, rng):
                f"expected {expected.astype(int).tolist()}, got {arr.astype(int).tolist()} on {on}")
 
 
-@exercise("4.2.2", hint="set the masked scores (mask True) to -inf with np.where, subtract the row max, exponentiate, normalize")
+@exercise("4.2.2", hint="a hidden score must get weight 0 after the softmax, and a large score must not "
+                        "overflow exp",
+          answer_hint="set the masked scores (mask True) to -inf with np.where, subtract the row max, "
+                      "exponentiate, divide by the row sum",
+          forbid=["course.tensor.functional.softmax"], task="write the masked softmax in NumPy")
 def _(candidate, rng):
     cases = [(np.zeros((3, 3)), _ref_mask(3), "zeros (3, 3), causal mask"),
              (np.array([[1.0, 2.0, 3.0]]), np.array([[False, False, True]]),
@@ -175,8 +199,12 @@ def _(candidate, rng):
         expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)
 
 
-@exercise("4.2.3", hint="scores = q @ k.T / sqrt(d); mask the future with -inf; softmax over the "
-                        "last axis; multiply by v")
+@exercise("4.2.3", hint="queries, keys and values are projections of x; compare every query with every key, "
+                        "scaled by the key size, hide the future, and average the values with those weights",
+          answer_hint="scores = q @ k.T / sqrt(d); mask the future with -inf; softmax over the last axis; "
+                      "multiply by v",
+          forbid=["course.tensor.functional.scaled_dot_product_attention", "course.gpt.CausalSelfAttention"],
+          task="write the head in NumPy")
 def _(candidate, rng):
     for T, C, d in [(1, 3, 2), (4, 4, 4), (5, 6, 3), (8, 8, 2)]:
         x = rng.normal(size=(T, C))
@@ -188,7 +216,9 @@ def _(candidate, rng):
         expect_close(got, _ref_head(x, w_q, w_k, w_v), on=on, rtol=1e-6, atol=1e-9, what="output")
 
 
-@exercise("4.2.4", hint="reshape to (B, T, n_head, C // n_head), then transpose(0, 2, 1, 3)")
+@exercise("4.2.4", hint="first split the last axis into n_head pieces, then move the head axis in front of "
+                        "the time axis (a reshape alone mixes positions)",
+          answer_hint="x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)")
 def _(candidate, rng):
     cases = [(np.arange(24.0).reshape(1, 3, 8), 2), (np.arange(24.0).reshape(1, 3, 8), 4),
              (rng.normal(size=(2, 5, 6)), 3), (rng.normal(size=(3, 4, 8)), 1),

@@ -15,6 +15,7 @@ saved as NumPy arrays loads here by name, and the other way round.
 """
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -252,10 +253,17 @@ class GPT(nn.Module):
         the last block_size tokens, with positions 0..block_size-1 again: the stored keys carry
         the old positions, so from then on the cache is refilled from the cropped window each step.
         """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be a whole number of tokens, 0 or more, "
+                             f"got {max_new_tokens!r}")
         if do_sample and not temperature > 0:
             raise ValueError(f"generate: temperature must be positive, got {temperature} "
                              f"(use do_sample=False for the likeliest token)")
+        _check_top_k(top_k, self.config.vocab_size)
         idx = self._check_idx(np.atleast_2d(np.asarray(idx)), check_length=False)
+        if idx.shape[1] == 0:
+            raise ValueError("generate: the prompt is empty: give at least one token id to start from "
+                             "(for example the id of a newline), as an array of shape (batch, time)")
         rng = rng if rng is not None else np.random.default_rng(seed)
         block = self.config.block_size
         was_training = self.training
@@ -279,6 +287,14 @@ class GPT(nn.Module):
         return idx
 
 
+def _check_top_k(top_k, vocab_size=None):
+    if top_k is None:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        raise ValueError(f"top_k must be a whole number of tokens, 1 or more (or None for all "
+                         f"{vocab_size or 'the'} tokens), got {top_k!r}")
+
+
 def top_k_filter(logits, k):
     """Set every logit below the k-th largest of its row to -inf (ties with it are kept)."""
     if k is None or k >= logits.shape[-1]:
@@ -289,6 +305,7 @@ def top_k_filter(logits, k):
 
 def sample_next(logits, temperature=1.0, top_k=None, do_sample=True, rng=None):
     """One token id per row of `logits` (B, vocab): the likeliest, or drawn from softmax(logits / T)."""
+    _check_top_k(top_k)
     logits = np.asarray(logits, dtype=np.float64)  # float64: the draw does not depend on rounding
     if not do_sample:
         return logits.argmax(axis=-1)

@@ -10,8 +10,10 @@
     tf.Session(g).run(y, {x: data})
 
 Modules, in the order of the lessons:
-    graph.py        Graph, Node, the default graph, topological_order          (3.1)
-    ops.py          each operation: node builder, forward kernel, shape rule, gradient rule
+    graph.py        Graph, Node (with its operators), the default graph, topological_order,
+                    and the registry of operations (OPS)                        (3.1)
+    ops.py          each operation: node builder, forward kernel, shape rule, gradient rule,
+                    registered in graph.py's OPS (ops.py imports graph.py, never the reverse)
     session.py      Session.run(fetches, feed_dict)                            (3.1)
     autodiff.py     gradients(ys, xs): reverse mode on the graph               (3.2)
     train.py        GradientDescentOptimizer(lr).minimize(loss)                (3.2)

@@ -27,30 +27,40 @@ def copy_node(node, inputs, graph):
     return graph.add_node(node.op, inputs, dict(node.attrs), name=node.name, value=node.value, exact_name=True)
 
 
-def rewrite(graph, visit=None, keep=None):
+# What `visit` returns for a node that the new graph computes inside another one (fusion).
+DROP = object()
+
+
+def rewrite(graph, visit=None, keep=None, mapping=None):
     """Copy `graph` into a new graph, node by node, in creation order.
 
     `visit(node, inputs, new_graph)` sees each old node with its inputs already in the new graph
     and may return a node of the new graph to stand for it (a new one or an existing one);
-    returning None copies the node unchanged. `keep`: copy only what these nodes need.
+    returning None copies the node unchanged, and returning DROP leaves it out (its value is
+    computed inside the node that reads it; no other node may read it). `keep`: copy only what
+    these nodes need. `mapping`: a dict that the copy fills with old node -> new node, for a
+    visit that needs the new node of something other than its inputs.
     Inside `visit`, new constants and variables go into the new graph.
     """
     new = Graph()
-    new._reserved = {n.name for n in graph.nodes}
     needed = None if keep is None else set(topological_order([graph.get(k) for k in keep]))
-    mapping = {}
-    with new.as_default():
+    mapping = {} if mapping is None else mapping
+    with new.as_default(), new.reserving(n.name for n in graph.nodes):
         for node in graph.nodes:
             if needed is not None and node not in needed:
                 continue
-            inputs = [mapping[i] for i in node.inputs]
+            inputs = [mapping.get(i) for i in node.inputs]
             out = visit(node, inputs, new) if visit is not None else None
+            if out is DROP:
+                continue
             if out is None:
+                dropped = [i.name for i, new_i in zip(node.inputs, inputs) if new_i is None]
+                if dropped:
+                    raise ValueError(f"node '{node.name}' reads '{dropped[0]}', which the pass dropped")
                 out = copy_node(node, inputs, new)
             mapping[node] = out
             if out.name != node.name:
                 new.aliases[node.name] = out.name
-    new._reserved = set()
     _carry_aliases(graph, new, mapping)
     return new
 
@@ -168,35 +178,31 @@ def fuse_elementwise(graph, outputs=None):
         members[node] = group
 
     index = {n: i for i, n in enumerate(graph.nodes)}
-    new = Graph()
-    new._reserved = {n.name for n in graph.nodes}
     mapping = {}
-    with new.as_default():
-        for node in graph.nodes:
-            root = root_of.get(node)
-            if root is not None and root is not node:
-                continue  # an inner node: computed inside its root's fused node
-            if root is None or len(members[node]) == 1:
-                mapping[node] = copy_node(node, [mapping[i] for i in node.inputs], new)
-                continue
-            group = sorted(members[node], key=index.__getitem__)
-            step_of = {m: j for j, m in enumerate(group)}
-            outside, steps = [], []
-            for m in group:
-                args = []
-                for i in m.inputs:
-                    if i in step_of:
-                        args.append(["step", step_of[i]])
-                    else:
-                        if i not in outside:
-                            outside.append(i)
-                        args.append(["in", outside.index(i)])
-                steps.append({"op": m.op, "attrs": dict(m.attrs), "args": args})
-            mapping[node] = new.add_node("fused", [mapping[i] for i in outside], {"steps": steps},
-                                         name=node.name, exact_name=True)
-    new._reserved = set()
-    _carry_aliases(graph, new, mapping)
-    return new
+
+    def visit(node, inputs, new):
+        root = root_of.get(node)
+        if root is None or len(members[root]) == 1:
+            return None           # not elementwise, or alone: copied as it is
+        if root is not node:
+            return DROP           # an inner node: computed inside its root's fused node
+        group = sorted(members[node], key=index.__getitem__)
+        step_of = {m: j for j, m in enumerate(group)}
+        outside, steps = [], []
+        for m in group:
+            args = []
+            for i in m.inputs:
+                if i in step_of:
+                    args.append(["step", step_of[i]])
+                else:
+                    if i not in outside:
+                        outside.append(i)
+                    args.append(["in", outside.index(i)])
+            steps.append({"op": m.op, "attrs": dict(m.attrs), "args": args})
+        return new.add_node("fused", [mapping[i] for i in outside], {"steps": steps},
+                            name=node.name, exact_name=True)
+
+    return rewrite(graph, visit, mapping=mapping)
 
 
 def describe_fused(node):

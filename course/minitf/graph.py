@@ -9,7 +9,58 @@ order that one set of outputs needs.
 
 from contextlib import contextmanager
 
+import numpy as np
+
+from .. import _graph
+from .shapes import show as show_shape
+
 _DEFAULT_STACK = []
+
+
+# ---------------------------------------------------------------- the operations a node may have
+
+class OpDef:
+    """What the library knows about one operation (ops.py registers each one).
+
+    kind: "pure" (a function of its inputs), "source" (placeholder, Variable, constant) or
+    "stateful" (changes a Variable, or only groups other nodes): compiler passes leave the last
+    two alone, and the inference runtime refuses "stateful" ones.
+    """
+
+    def __init__(self, name, forward, shape, grad=None, elementwise=False, kind="pure"):
+        self.name = name
+        self.forward = forward
+        self.shape = shape
+        self.grad = grad
+        self.elementwise = elementwise
+        self.kind = kind
+
+    def infer_shape(self, input_shapes, attrs, value, op_name):
+        if value is not None:
+            return tuple(np.shape(value))
+        try:
+            return self.shape(*input_shapes, **attrs)
+        except ValueError as err:
+            raise ValueError(f"{err} (while building node '{op_name}')") from None
+
+    def __repr__(self):
+        return f"<OpDef {self.name} ({self.kind})>"
+
+
+# Operation name -> OpDef. Filled by ops.py; a Graph looks operations up here when it adds a node.
+OPS = {}
+
+
+def register(name, forward, shape, grad=None, elementwise=False, kind="pure"):
+    OPS[name] = OpDef(name, forward, shape, grad, elementwise, kind)
+    return OPS[name]
+
+
+def _operator(op, reflected=False):
+    """The method behind `node + other` (or `other + node`, reflected) for the operation `op`."""
+    def method(self, other):
+        return self._binary(op, other, reflected)
+    return method
 
 
 class Node:
@@ -28,15 +79,23 @@ class Node:
         self.value = value  # the array of a constant or a Variable; None for every other node
 
     def __repr__(self):
-        return f"<minitf.Node '{self.name}' op={self.op} shape={_show_shape(self.shape)}>"
+        return f"<minitf.Node '{self.name}' op={self.op} shape={show_shape(self.shape)}>"
 
-    # The operators (+ - * / ** @ and unary -) are attached in ops.py, next to the operations.
+    # The operators add a node to this node's graph, as tf.add, tf.multiply, ... of ops.py do; a
+    # number or an array on the other side becomes a constant.
+    def _binary(self, op, other, reflected=False):
+        other = self.graph.as_node(other)
+        return self.graph.add_node(op, (other, self) if reflected else (self, other))
 
+    __add__, __radd__ = _operator("add"), _operator("add", reflected=True)
+    __sub__, __rsub__ = _operator("sub"), _operator("sub", reflected=True)
+    __mul__, __rmul__ = _operator("mul"), _operator("mul", reflected=True)
+    __truediv__, __rtruediv__ = _operator("div"), _operator("div", reflected=True)
+    __pow__, __rpow__ = _operator("pow"), _operator("pow", reflected=True)
+    __matmul__, __rmatmul__ = _operator("matmul"), _operator("matmul", reflected=True)
 
-def _show_shape(shape):
-    if shape is None:
-        return "unknown"
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    def __neg__(self):
+        return self.graph.add_node("neg", (self,))
 
 
 class Graph:
@@ -89,8 +148,6 @@ class Graph:
 
     def add_node(self, op, inputs=(), attrs=None, name=None, value=None, exact_name=False):
         """Create a node; its shape is inferred now, so shape errors appear while building."""
-        from .ops import OPS  # ops.py builds on this module
-
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}")
         for node in inputs:
@@ -108,6 +165,25 @@ class Graph:
         self.nodes.append(node)
         self._by_name[name] = node
         return node
+
+    def as_node(self, value):
+        """Nodes pass through; numbers and arrays become constants of this graph."""
+        if isinstance(value, Node):
+            return value
+        if isinstance(value, Graph):
+            raise TypeError("expected a node or a number, got a Graph")
+        return self.add_node("constant", (), {}, name="Const", value=as_array(value))
+
+    @contextmanager
+    def reserving(self, names):
+        """Inside, new nodes never get any of `names` unless asked for by exact name: a compiler
+        pass copies nodes over under their old names, and a node it makes on the way (a folded
+        constant) must not take a name that a later node will need."""
+        self._reserved = set(names)
+        try:
+            yield self
+        finally:
+            self._reserved = set()
 
     def get(self, name):
         """The node called `name` (following the aliases a compiler pass left)."""
@@ -136,6 +212,13 @@ class Graph:
         return dict(sorted(counts.items()))
 
 
+def as_array(value):
+    """Arrays keep their dtype; Python numbers and lists become float64 arrays."""
+    if isinstance(value, np.ndarray):
+        return value
+    return np.asarray(value, dtype=np.float64)
+
+
 _GLOBAL_DEFAULT = Graph()
 
 
@@ -156,19 +239,8 @@ def topological_order(targets, stop=()):
 
     Nodes in `stop` (fed values) are included but their inputs are not followed.
     """
-    order, entered = [], set()
-    stop = set(stop)
-    stack = [(node, False) for node in reversed(list(targets))]
-    while stack:
-        node, inputs_done = stack.pop()
-        if inputs_done:
-            order.append(node)
-            continue
-        if node in entered:
-            continue
-        entered.add(node)
-        stack.append((node, True))
-        if node not in stop:
-            # In a DAG an input that was entered already has been appended already.
-            stack.extend((inp, False) for inp in reversed(node.inputs) if inp not in entered)
-    return order
+    return _graph.topological_order(targets, _inputs, stop)
+
+
+def _inputs(node):
+    return node.inputs

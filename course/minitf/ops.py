@@ -12,44 +12,10 @@ for (no point building nodes nobody will run).
 
 import numpy as np
 
+from ..tensor import unbroadcast as sum_to_shape
 from . import shapes
-from .graph import Graph, Node, get_default_graph
+from .graph import OPS, Node, as_array, get_default_graph, register
 
-
-class OpDef:
-    """What the library knows about one operation.
-
-    kind: "pure" (a function of its inputs), "source" (placeholder, Variable, constant) or
-    "stateful" (changes a Variable, or only groups other nodes): compiler passes leave the last
-    two alone, and the inference runtime refuses "stateful" ones.
-    """
-
-    def __init__(self, name, forward, shape, grad=None, elementwise=False, kind="pure"):
-        self.name = name
-        self.forward = forward
-        self.shape = shape
-        self.grad = grad
-        self.elementwise = elementwise
-        self.kind = kind
-
-    def infer_shape(self, input_shapes, attrs, value, op_name):
-        if value is not None:
-            return tuple(np.shape(value))
-        try:
-            return self.shape(*input_shapes, **attrs)
-        except ValueError as err:
-            raise ValueError(f"{err} (while building node '{op_name}')") from None
-
-    def __repr__(self):
-        return f"<OpDef {self.name} ({self.kind})>"
-
-
-OPS = {}
-
-
-def register(name, forward, shape, grad=None, elementwise=False, kind="pure"):
-    OPS[name] = OpDef(name, forward, shape, grad, elementwise, kind)
-    return OPS[name]
 
 
 # ---------------------------------------------------------------- helpers
@@ -61,24 +27,9 @@ def _graph_of(*values):
     return get_default_graph()
 
 
-def _as_node(value, graph):
-    """Nodes pass through; numbers and arrays become constants of `graph`."""
-    if isinstance(value, Node):
-        return value
-    if isinstance(value, Graph):
-        raise TypeError("expected a node or a number, got a Graph")
-    return graph.add_node("constant", (), {}, name="Const", value=_as_array(value))
-
-
-def _as_array(value):
-    if isinstance(value, np.ndarray):
-        return value
-    return np.asarray(value, dtype=np.float64)
-
-
 def _make(op, inputs, attrs=None, name=None):
     graph = _graph_of(*inputs)
-    return graph.add_node(op, [_as_node(x, graph) for x in inputs], attrs, name=name)
+    return graph.add_node(op, [graph.as_node(x) for x in inputs], attrs, name=name)
 
 
 def _same(*input_shapes):
@@ -110,8 +61,26 @@ def _axis(axis):
 def placeholder(shape=None, name=None):
     """An input fed at run time: `placeholder((None, 2), name="x")` (None: any size there)."""
     if shape is not None:
-        shape = tuple(None if d is None else int(d) for d in shape)
+        shape = _placeholder_shape(shape, name)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"placeholder: name must be a string, got {name!r}")
     return get_default_graph().add_node("placeholder", (), {"shape": shape}, name=name or "Placeholder")
+
+
+def _placeholder_shape(shape, name):
+    if isinstance(shape, (type, np.dtype, str)):
+        # TensorFlow 1's placeholder(tf.float32, (None, 3)) puts the dtype first; here the array fed
+        # keeps its own dtype, so the shape comes first.
+        example = f"tf.placeholder({name!r})" if isinstance(name, (tuple, list)) else "tf.placeholder((None, 3))"
+        raise TypeError(f"placeholder: the first argument is the shape, and {getattr(shape, '__name__', shape)} "
+                        f"is a dtype. minitf placeholders take no dtype (the array fed keeps its own): "
+                        f"write {example}")
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"placeholder: shape must be a tuple of sizes (None for any size), got {shape!r}")
+    for d in shape:
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0):
+            raise ValueError(f"placeholder: shape {tuple(shape)} may hold sizes (0 or more) and None, not {d!r}")
+    return tuple(None if d is None else int(d) for d in shape)
 
 
 def _missing_feed(*_, **__):
@@ -123,13 +92,13 @@ register("placeholder", _missing_feed, lambda shape=None: None if shape is None 
 
 def Variable(value, name=None):
     """A trainable array that keeps its value between runs (TF1 kept it in the Session)."""
-    value = np.array(_as_array(value), copy=True)
+    value = np.array(as_array(value), copy=True)
     return get_default_graph().add_node("variable", (), {}, name=name or "Variable", value=value)
 
 
 def constant(value, name=None):
     """A fixed array, stored in the graph."""
-    return get_default_graph().add_node("constant", (), {}, name=name or "Const", value=_as_array(value))
+    return get_default_graph().add_node("constant", (), {}, name=name or "Const", value=as_array(value))
 
 
 register("variable", lambda node: node.value, lambda: None, kind="source")
@@ -185,7 +154,7 @@ def _div_grad(node, g, needs):
 def _pow_grad(node, g, needs):
     a, p = node.inputs
     if p.op == "constant":  # the usual x ** 2: build p - 1 as a number, not as a node
-        p_minus_1 = _as_node(p.value - 1, node.graph)
+        p_minus_1 = node.graph.as_node(p.value - 1)
     else:
         p_minus_1 = p - 1
     return [_sum_to_input(g * (p * a ** p_minus_1), a, node) if needs[0] else None,
@@ -347,18 +316,6 @@ def unbroadcast(g, like, name=None):
     return _make("unbroadcast", [g, like], name=name)
 
 
-def sum_to_shape(g, shape):
-    """NumPy: sum the array `g` down to `shape` (the inverse of broadcasting `shape` up to g.shape)."""
-    g = np.asarray(g)
-    extra = g.ndim - len(shape)
-    if extra:
-        g = g.sum(axis=tuple(range(extra)))
-    stretched = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
-    if stretched:
-        g = g.sum(axis=stretched, keepdims=True)
-    return g
-
-
 def broadcast_like(g, x, axis=None, keepdims=False, mean=False, name=None):
     """Spread the gradient of a reduction back over the shape of its input `x`."""
     return _make("broadcast_like", [g, x], {"axis": axis, "keepdims": bool(keepdims), "mean": bool(mean)},
@@ -379,7 +336,7 @@ def ones_like(x, name=None):
     return _make("ones_like", [x], name=name)
 
 
-register("unbroadcast", lambda g, like: sum_to_shape(g, np.shape(like)), lambda g, like: like)
+register("unbroadcast", lambda g, like: sum_to_shape(np.asarray(g), np.shape(like)), lambda g, like: like)
 register("broadcast_like", _broadcast_like_kernel, lambda g, x, **attrs: x)
 register("ones_like", lambda x: np.ones_like(x, dtype=np.result_type(x, np.float32)), _same)
 
@@ -474,23 +431,6 @@ def _fused_shape(*input_shapes, steps):
 
 
 register("fused", _fused_kernel, _fused_shape)
-
-
-# ---------------------------------------------------------------- operators on nodes
-
-def _binary(fn, reflected=False):
-    if reflected:
-        return lambda self, other: fn(other, self)
-    return lambda self, other: fn(self, other)
-
-
-Node.__add__, Node.__radd__ = _binary(add), _binary(add, True)
-Node.__sub__, Node.__rsub__ = _binary(subtract), _binary(subtract, True)
-Node.__mul__, Node.__rmul__ = _binary(multiply), _binary(multiply, True)
-Node.__truediv__, Node.__rtruediv__ = _binary(divide), _binary(divide, True)
-Node.__pow__, Node.__rpow__ = _binary(pow), _binary(pow, True)
-Node.__matmul__, Node.__rmatmul__ = _binary(matmul), _binary(matmul, True)
-Node.__neg__ = lambda self: negative(self)
 
 
 def check_feed(name, declared, array):

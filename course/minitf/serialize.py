@@ -4,12 +4,13 @@ variables, by node name). The same idea as an ONNX file: the model as data, not 
 """
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from .graph import Graph
-from .ops import OPS
+from .ops import OPS  # importing ops registers every operation
 
 FORMAT = "minitf-graph"
 VERSION = 1
@@ -48,20 +49,55 @@ def save(graph, path):
 
 
 def read(path):
-    """The JSON structure and the arrays of a saved graph (used by `load` and by the runtime)."""
+    """The JSON structure and the arrays of a saved graph (used by `load` and by the runtime).
+
+    A file that is missing, truncated or corrupt, or a node that reads a node not saved before
+    it, is a ValueError (FileNotFoundError) naming the file and the node.
+    """
     path = Path(path)
-    if not (path / GRAPH_FILE).is_file():
-        raise FileNotFoundError(f"no saved graph here: {GRAPH_FILE} is missing in the folder given")
-    spec = json.loads((path / GRAPH_FILE).read_text(encoding="utf-8"))
-    if spec.get("format") != FORMAT:
-        raise ValueError(f"{GRAPH_FILE} is not a saved minitf graph (format {spec.get('format')!r})")
-    with np.load(path / ARRAYS_FILE, allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    for entry in spec["nodes"]:
-        if entry["op"] not in OPS:
-            raise ValueError(f"the saved graph uses an unknown operation '{entry['op']}' "
-                             f"(node '{entry['name']}')")
+    graph_file, arrays_file = path / GRAPH_FILE, path / ARRAYS_FILE
+    where = f"{path.name}/{GRAPH_FILE}"
+    if not graph_file.is_file():
+        raise FileNotFoundError(f"no saved graph in {path}: {GRAPH_FILE} is missing in that folder")
+    try:
+        spec = json.loads(graph_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where} is not a readable saved graph (truncated or corrupt?): {err}") from None
+    if not isinstance(spec, dict) or spec.get("format") != FORMAT:
+        found = spec.get("format") if isinstance(spec, dict) else None
+        raise ValueError(f"{where} is not a saved minitf graph (format {found!r})")
+    if not arrays_file.is_file():
+        raise FileNotFoundError(f"{path.name}/{ARRAYS_FILE} is missing: a saved graph is both files")
+    try:
+        with np.load(arrays_file, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as err:
+        # NumPy reads a file that is not a zip archive as a pickle and then advises allow_pickle:
+        # a saved graph never holds pickles, so the file is damaged.
+        why = "it is not a NumPy .npz archive" if "pickle" in str(err) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{path.name}/{ARRAYS_FILE} is not readable (truncated or corrupt?): {why}") from None
+    _check_nodes(spec, where)
     return spec, arrays
+
+
+def _check_nodes(spec, where):
+    nodes = spec.get("nodes")
+    if not isinstance(nodes, list):
+        raise ValueError(f"{where} has no list of nodes")
+    saved = set()
+    for k, entry in enumerate(nodes):
+        if not isinstance(entry, dict) or not {"name", "op", "inputs"} <= set(entry):
+            raise ValueError(f"{where}: node {k} lacks its name, op or inputs")
+        name = entry["name"]
+        if entry["op"] not in OPS:
+            raise ValueError(f"the saved graph uses an unknown operation '{entry['op']}' (node '{name}')")
+        missing = [i for i in entry["inputs"] if i not in saved]
+        if missing:
+            raise ValueError(f"{where}: node '{name}' reads '{missing[0]}', which is not saved before it "
+                             f"(a dangling input: the graph was edited or saved incompletely)")
+        if name in saved:
+            raise ValueError(f"{where}: two nodes are named '{name}'")
+        saved.add(name)
 
 
 def attrs_from_json(op, attrs):
@@ -78,9 +114,6 @@ def load(path):
     by_name = {}
     for entry in spec["nodes"]:
         name = entry["name"]
-        missing = [i for i in entry["inputs"] if i not in by_name]
-        if missing:
-            raise ValueError(f"node '{name}' reads '{missing[0]}', which is not saved before it")
         value = None
         if entry["op"] in ("constant", "variable"):
             if name not in arrays:

@@ -25,6 +25,14 @@ def get_rng():
     return _rng
 
 
+def _need_tensor(x, fn, arg="x"):
+    """`x` itself if it is a Tensor; otherwise a TypeError saying what was given and how to fix it."""
+    if isinstance(x, Tensor):
+        return x
+    got = "a NumPy array" if isinstance(x, np.ndarray) else f"a {type(x).__name__}"
+    raise TypeError(f"{fn}: `{arg}` must be a Tensor, got {got}: wrap it first, Tensor({arg})")
+
+
 def _tensor(x, like=None):
     if isinstance(x, Tensor):
         return x
@@ -38,6 +46,7 @@ _GELU_C = float(np.sqrt(2 / np.pi))  # a Python float: a NumPy float64 scalar wo
 
 def gelu(x):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    _need_tensor(x, "gelu")
     d = x.data
     d2 = d * d  # not d ** 3 below: pow is ~50x slower on negative floats
     # In-place steps (out=...) on these large arrays spare a fresh allocation per operation.
@@ -71,6 +80,7 @@ def _sigmoid(d):
 
 def silu(x):
     """SiLU (swish): x * sigmoid(x)."""
+    _need_tensor(x, "silu")
     d = x.data
     s = _sigmoid(d)
     return operation("silu", d * s, (x,), lambda g: g * (s * (1 + d * (1 - s))))
@@ -78,6 +88,7 @@ def silu(x):
 
 def softplus(x):
     """log(1 + exp(x)), computed without overflow; its derivative is sigmoid(x)."""
+    _need_tensor(x, "softplus")
     d = x.data
     data = np.logaddexp(0, d).astype(d.dtype, copy=False)
     return operation("softplus", data, (x,), lambda g: g * _sigmoid(d))
@@ -87,6 +98,7 @@ def softplus(x):
 @dispatchable
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`; the maximum is subtracted first so exp never overflows."""
+    _need_tensor(x, "softmax")
     d = x.data
     e = np.exp(d - d.max(axis=axis, keepdims=True))
     s = e / e.sum(axis=axis, keepdims=True)
@@ -101,6 +113,7 @@ def _log_softmax(d, axis):
 
 def log_softmax(x, axis=-1):
     """log(softmax(x)) as x - logsumexp(x): finite even where softmax underflows to 0."""
+    _need_tensor(x, "log_softmax")
     logp = _log_softmax(x.data, axis)
     return operation("log_softmax", logp, (x,), lambda g: g - np.exp(logp) * g.sum(axis=axis, keepdims=True))
 
@@ -111,6 +124,7 @@ def cross_entropy(logits, targets, ignore_index=None):
     logits: (..., C). targets: integers of shape logits.shape[:-1], an array or a Tensor.
     Targets equal to `ignore_index` count for nothing, and the mean is over the others.
     """
+    _need_tensor(logits, "cross_entropy", "logits")
     t = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
     if not np.issubdtype(t.dtype, np.integer):
         raise TypeError(f"cross_entropy: targets must be integers (class indices), got dtype {t.dtype}")
@@ -146,6 +160,7 @@ def cross_entropy(logits, targets, ignore_index=None):
 @dispatchable
 def layer_norm(x, weight, bias, eps=1e-5):
     """Normalise the last axis to mean 0 and variance 1, then scale by `weight` and shift by `bias`."""
+    _need_tensor(x, "layer_norm")
     d = x.data
     mu = d.mean(axis=-1, keepdims=True)
     xc = d - mu
@@ -194,6 +209,7 @@ def embedding(indices, weight):
 # ----- selection and joining -------------------------------------------------------------------
 def masked_fill(x, mask, value):
     """`x` with `value` wherever `mask` is True (the mask broadcasts against x)."""
+    _need_tensor(x, "masked_fill")
     m = np.asarray(mask.data if isinstance(mask, Tensor) else mask, dtype=bool)
     try:
         data = np.where(m, np.asarray(value, dtype=x.dtype), x.data)
@@ -246,6 +262,7 @@ def stack(tensors, axis=0):
 
 def dropout(x, p, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p), so the expected value is unchanged."""
+    _need_tensor(x, "dropout")
     if not 0 <= p < 1:
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
     if not training or p == 0:
@@ -262,6 +279,7 @@ def linear(x, weight, bias=None):
     Written as a single op (rather than transpose, matmul and add) because networks spend most
     of their time here: the backward folds all leading axes into one matrix product.
     """
+    _need_tensor(x, "linear")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input of shape {x.shape} has {x.shape[-1]} features but the weight "
                          f"of shape {weight.shape} expects {weight.shape[1]}")
@@ -302,6 +320,8 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
     make three fewer copies of the (T, T) attention matrix, and skip their graph bookkeeping.
     With dropout_p > 0 (and training), attention weights are dropped after the softmax.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _need_tensor(t, "scaled_dot_product_attention", name)
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {q.shape}, k {k.shape} and v {v.shape} "
                          f"need q and k to share the last axis and k and v the second to last")

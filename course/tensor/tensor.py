@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .. import _graph
 from .dispatch import dispatchable
 
 _grad_enabled = True
@@ -57,6 +58,31 @@ def unbroadcast(grad, shape):
     if stretched:
         grad = grad.sum(axis=stretched, keepdims=True)
     return grad
+
+
+def _numbers_array(data):
+    """A Python number or a (nested) list as an array: float32, the dtype the course trains in."""
+    if data is None:
+        raise TypeError("Tensor(None): a Tensor needs numbers (a number, a nested list or a NumPy array)")
+    if isinstance(data, np.generic):
+        return np.asarray(data)
+    if _is_value(data):
+        raise TypeError(_mixed_error(data))
+    try:
+        return np.asarray(data, dtype=np.float32)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"a Tensor needs numbers (a number, a nested list or a NumPy array): {err}") from None
+
+
+def _is_value(x):
+    return all(hasattr(x, a) for a in ("_prev", "_op", "data", "grad"))  # micrograd's Value, or one like it
+
+
+def _mixed_error(other):
+    if _is_value(other):
+        return ("a micrograd Value cannot be mixed with a Tensor: a Value is one number with its own graph. "
+                "Use Tensor(value.data) for its number, or build the whole computation from Tensors")
+    return f"a Tensor works with numbers, arrays and Tensors, not with a {type(other).__name__}"
 
 
 def _shape_error(op, a, b, why="cannot be broadcast together"):
@@ -104,7 +130,10 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data.data
         if not isinstance(data, np.ndarray):
-            data = np.asarray(data) if isinstance(data, np.generic) else np.asarray(data, dtype=np.float32)
+            data = _numbers_array(data)
+        if data.dtype == object:
+            raise TypeError("a Tensor holds numbers, and this array holds Python objects (dtype object): "
+                            "convert it to numbers first")
         if requires_grad and not np.issubdtype(data.dtype, np.floating):
             raise TypeError(f"only floating-point tensors can require gradients, got dtype {data.dtype}")
         self.data = data
@@ -147,6 +176,8 @@ class Tensor:
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
         if isinstance(other, Tensor):
             return other
+        if other is None or _is_value(other):
+            raise TypeError(_mixed_error(other))
         if not np.issubdtype(self.data.dtype, np.floating):
             # An integer tensor times 0.5 must not truncate 0.5 to 0: let NumPy promote.
             return Tensor(np.asarray(other))
@@ -207,21 +238,7 @@ class Tensor:
     def topological_order(self):
         """Every tensor this one depends on, each after its inputs (a loop, not recursion, so
         that a graph 100,000 operations deep does not reach Python's recursion limit)."""
-        order, visited = [], set()
-        stack = [(self, False)]
-        while stack:
-            node, inputs_done = stack.pop()
-            if inputs_done:
-                order.append(node)
-                continue
-            if id(node) in visited:
-                continue
-            visited.add(id(node))
-            stack.append((node, True))
-            for parent in node.inputs:
-                if parent is not None and id(parent) not in visited:
-                    stack.append((parent, False))
-        return order
+        return _graph.topological_order([self], _inputs)
 
     # ----- elementwise arithmetic, with broadcasting -----------------------------------------
     def __add__(self, other):
@@ -456,6 +473,10 @@ def matmul(a, b):
         return ga, gb
 
     return operation("@", data, (a, b), backward)
+
+
+def _inputs(t):
+    return t.inputs
 
 
 def _keep_axes(g, axis, keepdims, ndim):

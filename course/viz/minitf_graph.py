@@ -8,6 +8,8 @@ highlighted, and the training nodes ("GradientDescent/...") get their own colour
 
 import numpy as np
 
+from course.minitf.shapes import show as _shape_text  # loaded only to draw a minitf graph
+
 SOURCE_STYLE = {
     "placeholder": {"shape": "box", "style": "filled,rounded", "fillcolor": "#cfe2ff"},
     "variable": {"shape": "box", "style": "filled", "fillcolor": "#ffe0b3"},
@@ -17,12 +19,6 @@ OP_STYLE = {"shape": "ellipse"}
 GRADIENT_STYLE = {"style": "filled", "fillcolor": "#f8c8d0"}
 TRAIN_STYLE = {"style": "filled", "fillcolor": "#c9f0c9"}
 FUSED_STYLE = {"shape": "octagon", "style": "filled", "fillcolor": "#fff3b0"}
-
-
-def _shape_text(shape):
-    if shape is None:
-        return "?"
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _value_text(value):

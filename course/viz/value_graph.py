@@ -9,20 +9,12 @@ inputs and its output. Nodes are named by their position in a fixed walk of the 
 text on every run. The walk uses an explicit stack: deep graphs do not hit the recursion limit.
 """
 
+from course._graph import topological_order
+
 
 def _walk(root):
     """Every Value under `root` once, inputs before outputs, inputs in operand order."""
-    order, seen = [], set()
-    stack = [(root, False)]
-    while stack:
-        node, inputs_done = stack.pop()
-        if inputs_done:
-            order.append(node)
-        elif id(node) not in seen:
-            seen.add(id(node))
-            stack.append((node, True))
-            stack.extend((child, False) for child in reversed(node._prev) if id(child) not in seen)
-    return order
+    return topological_order([root], lambda v: v._prev)
 
 
 def _escape(text):
