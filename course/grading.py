@@ -174,7 +174,7 @@ SUSPECT = [(re.compile(p), what) for p, what in [
     (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
      "handles processes"),
     (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
-    (r"\b(exec|eval|compile|setattr|vars|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
+    (r"\b(exec|eval|compile|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
 ]]
 
 
@@ -204,6 +204,11 @@ def review_notes(nb, lesson):
             for t in targets:
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
                     hits.append(f"sets {t.value.id}.{t.attr}")
+            # setattr(obj, ...) and vars(obj) are ordinary on the learner's own objects (a
+            # Sequential names its layers with setattr); on an imported module they patch it.
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "vars")
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules):
+                hits.append(f"{node.func.id}({node.args[0].id}, ...) changes a module")
         if hits:
             notes.append(f"code cell {n} {', '.join(dict.fromkeys(hits))}")
     return notes

@@ -218,6 +218,10 @@ def test_review_notes_point_at_cells_that_touch_the_machinery():
     assert grading.review_notes(lesson, lesson) == []
     nb = _with_cell("import numpy as np\nnp.allclose = lambda *a, **k: True")
     assert grading.review_notes(nb, lesson) == [f"code cell {len(nb.cells)} sets np.allclose"]
+    nb = _with_cell("import numpy as np\nsetattr(np, 'allclose', lambda *a, **k: True)")
+    assert grading.review_notes(nb, lesson) == [f"code cell {len(nb.cells)} setattr(np, ...) changes a module"]
+    own_object = "class Net:\n    def __init__(self, *layers):\n        for i, l in enumerate(layers):\n            setattr(self, str(i), l)"
+    assert grading.review_notes(_with_cell(own_object), lesson) == []
 
 
 def test_a_submission_is_matched_to_its_lesson_by_name_or_by_the_ids_it_checks():
