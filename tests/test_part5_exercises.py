@@ -70,11 +70,81 @@ def recurrence_without_d(A_bar, B_bar, C, D, u):
     return np.array(ssm_recurrence(A_bar, B_bar, C, 0.0, u))
 
 
+# ---- 5.2 right and wrong answers ------------------------------------------------------------------
+
+
+def combine(first, second):
+    (a1, b1), (a2, b2) = first, second
+    return a1 * a2, a2 * b1 + b2
+
+
+def combine_wrong_order(first, second):
+    return combine(second, first)
+
+
+def scan_step(x, u_t, delta_t, A, B_t, C_t, D):
+    x_new = np.exp(delta_t[..., None] * A) * x + np.einsum("bd,bn->bdn", delta_t * u_t, B_t)
+    return x_new, np.einsum("bdn,bn->bd", x_new, C_t) + D * u_t
+
+
+def scan_step_old_state(x, u_t, delta_t, A, B_t, C_t, D):
+    x_new, _ = scan_step(x, u_t, delta_t, A, B_t, C_t, D)
+    return x_new, np.einsum("bdn,bn->bd", x, C_t) + D * u_t
+
+
+def selective_scan_sequential(u, delta, A, B, C, D):
+    x = np.zeros((u.shape[0], u.shape[2], A.shape[1]))
+    ys = []
+    for k in range(u.shape[1]):
+        x, y = scan_step(x, u[:, k], delta[:, k], A, B[:, k], C[:, k], D)
+        ys.append(y)
+    return np.stack(ys, axis=1)
+
+
+def selective_scan_without_d(u, delta, A, B, C, D):
+    return selective_scan_sequential(u, delta, A, B, C, np.zeros_like(D))
+
+
+def selective_scan_by_library(u, delta, A, B, C, D):
+    from course.mamba import selective_scan
+    return selective_scan(u, delta, A, B, C, D)
+
+
+def combine_by_library(first, second):
+    from course.mamba.scan import combine
+    return combine(first, second)
+
+
+def parallel_scan_by_library(a, b, combine):
+    from course.mamba.scan import linear_recurrence
+    return linear_recurrence(a[None], b[None], "parallel")[0]
+
+
+def parallel_scan(a, b, combine):
+    a, b = np.array(a, dtype=float), np.array(b, dtype=float)
+    offset = 1
+    while offset < len(a):
+        a[offset:], b[offset:] = combine((a[:-offset], b[:-offset]), (a[offset:], b[offset:]))
+        offset *= 2
+    return b
+
+
+def scan_one_by_one(a, b, combine):
+    h = [(a[0], b[0])]
+    for t in range(1, len(a)):
+        h.append(combine(h[-1], (a[t], b[t])))
+    return np.array([p[1] for p in h])
+
+
 CASES = [
     ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
     ("5.1.3", ssm_kernel, kernel_from_one, "starts at A_bar**1"),
     ("5.1.4", ssm_recurrence, recurrence_reads_old_state, "before the update"),
+    ("5.2.1", combine, combine_wrong_order, "second applied first"),
+    ("5.2.2", scan_step, scan_step_old_state, "old state"),
+    ("5.2.3", selective_scan_sequential, selective_scan_without_d, "skip term"),
+    ("5.2.4", parallel_scan, scan_one_by_one, "log-depth scan"),
 ]
 
 
@@ -93,7 +163,10 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
 @pytest.mark.parametrize("exercise_id,candidate,named", [
     ("5.1.4", recurrence_without_d, "skip term"),
     ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), "deltaA"),
-], ids=["5.1.4-no-D", "5.1.2-no-exp"])
+    ("5.2.1", combine_by_library, "write it yourself"),
+    ("5.2.3", selective_scan_by_library, "write it yourself"),
+    ("5.2.4", parallel_scan_by_library, "write it yourself"),
+], ids=["5.1.4-no-D", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library"])
 def test_near_misses_fail(exercise_id, candidate, named):
     result = check(exercise_id, candidate)
     assert result.status == "failed" and named in result.message, result.message
@@ -105,3 +178,15 @@ def test_near_misses_fail(exercise_id, candidate, named):
 ], ids=["5.1.1-float32", "5.1.3-list"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
+
+
+def test_library_refused_even_when_imported_before_the_check():
+    from course.mamba import selective_scan as scan  # bound before the check, as a notebook's import cell does
+
+    def candidate(u, delta, A, B, C, D):
+        return scan(u, delta, A, B, C, D)
+
+    result = check("5.2.3", candidate)
+    assert result.status == "failed" and "write it yourself" in result.message
+    args = [np.ones((1, 2, 1)), np.ones((1, 2, 1)), -np.ones((1, 1)), np.ones((1, 2, 1)), np.ones((1, 2, 1)), np.ones(1)]
+    assert np.asarray(scan(*args)).shape == (1, 2, 1)  # and it works again afterwards
