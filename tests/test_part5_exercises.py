@@ -136,6 +136,102 @@ def scan_one_by_one(a, b, combine):
     return np.array([p[1] for p in h])
 
 
+# ---- 5.3 right and wrong answers ------------------------------------------------------------------
+
+
+def rms_norm(x, weight, eps=1e-5):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
+def rms_norm_layer_norm(x, weight, eps=1e-5):
+    x = x - x.mean(-1, keepdims=True)
+    return rms_norm(x, weight, eps)
+
+
+def rms_norm_eps_outside(x, weight, eps=1e-5):
+    return x / (np.sqrt((x * x).mean(-1, keepdims=True)) + eps) * weight
+
+
+def rms_norm_by_library(x, weight, eps=1e-5):
+    from course.mamba import rms_norm
+    from course.tensor import Tensor
+    return rms_norm(Tensor(x), Tensor(weight), eps).data
+
+
+def causal_conv1d(x, weight, bias):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    padded = np.concatenate([np.zeros((b, k - 1, d)), x], axis=1)
+    return sum(padded[:, j:j + l] * weight[:, j] for j in range(k)) + bias
+
+
+def causal_conv1d_reversed(x, weight, bias):
+    return causal_conv1d(x, weight[:, ::-1], bias)
+
+
+def causal_conv1d_by_library(x, weight, bias):
+    from course.mamba import causal_conv1d
+    from course.tensor import Tensor
+    return causal_conv1d(Tensor(x), Tensor(weight), Tensor(bias)).data
+
+
+def conv_step(conv_state, u_t, weight, bias):
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return (window * weight.T).sum(axis=1) + bias, window[:, 1:]
+
+
+def conv_step_state_stays(conv_state, u_t, weight, bias):
+    return conv_step(conv_state, u_t, weight, bias)[0], conv_state
+
+
+def conv_step_drops_newest(conv_state, u_t, weight, bias):
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return conv_step(conv_state, u_t, weight, bias)[0], window[:, :-1]
+
+
+def conv_step_by_library(conv_state, u_t, weight, bias):
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return causal_conv1d_by_library(window, weight, bias)[:, -1], window[:, 1:]
+
+
+def ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    r = dt_proj_weight.shape[1]
+    dbc = u @ x_proj_weight.T
+    return np.logaddexp(0, dbc[..., :r] @ dt_proj_weight.T + dt_proj_bias), dbc[..., r:r + n], dbc[..., r + n:]
+
+
+def ssm_parameters_no_softplus(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    r = dt_proj_weight.shape[1]
+    _, B, C = ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n)
+    return (u @ x_proj_weight.T)[..., :r] @ dt_proj_weight.T + dt_proj_bias, B, C
+
+
+def ssm_parameters_swapped(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    delta, B, C = ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n)
+    return delta, C, B
+
+
+def count_parameters(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    E, d, n, k = d_model, expand * d_model, d_state, d_conv
+    r = -(-d_model // 16)
+    layer = E + 3 * d * E + d * k + d + d * (r + 2 * n) + r * d + d + d * n + d
+    return n_layer * layer + (-(-vocab_size // 8) * 8) * E + E
+
+
+def count_parameters_untied(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + (-(-vocab_size // 8) * 8) * d_model
+
+
+def count_parameters_unpadded(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    padded = -(-vocab_size // 8) * 8
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) - (padded - vocab_size) * d_model
+
+
+def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    from course.mamba import Mamba, MambaConfig
+    return Mamba(MambaConfig(d_model, n_layer, vocab_size, d_state=d_state, expand=expand, d_conv=d_conv)).num_parameters()
+
+
 CASES = [
     ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
@@ -145,6 +241,11 @@ CASES = [
     ("5.2.2", scan_step, scan_step_old_state, "old state"),
     ("5.2.3", selective_scan_sequential, selective_scan_without_d, "skip term"),
     ("5.2.4", parallel_scan, scan_one_by_one, "log-depth scan"),
+    ("5.3.1", rms_norm, rms_norm_layer_norm, "LayerNorm"),
+    ("5.3.2", causal_conv1d, causal_conv1d_reversed, "reversed"),
+    ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
+    ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
+    ("5.3.5", count_parameters, count_parameters_untied, "tied"),
 ]
 
 
@@ -166,7 +267,17 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.2.1", combine_by_library, "write it yourself"),
     ("5.2.3", selective_scan_by_library, "write it yourself"),
     ("5.2.4", parallel_scan_by_library, "write it yourself"),
-], ids=["5.1.4-no-D", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library"])
+    ("5.3.1", rms_norm_eps_outside, "below eps"),
+    ("5.3.1", rms_norm_by_library, "write it yourself"),
+    ("5.3.2", causal_conv1d_by_library, "write it yourself"),
+    ("5.3.3", conv_step_drops_newest, "newest input"),
+    ("5.3.3", conv_step_by_library, "write it yourself"),
+    ("5.3.4", ssm_parameters_swapped, "swapped"),
+    ("5.3.5", count_parameters_unpadded, "padded"),
+    ("5.3.5", count_parameters_by_library, "write it yourself"),
+], ids=["5.1.4-no-D", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library", "5.3.1-eps-outside",
+        "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
+        "5.3.5-library"])
 def test_near_misses_fail(exercise_id, candidate, named):
     result = check(exercise_id, candidate)
     assert result.status == "failed" and named in result.message, result.message
@@ -190,3 +301,11 @@ def test_library_refused_even_when_imported_before_the_check():
     assert result.status == "failed" and "write it yourself" in result.message
     args = [np.ones((1, 2, 1)), np.ones((1, 2, 1)), -np.ones((1, 1)), np.ones((1, 2, 1)), np.ones((1, 2, 1)), np.ones(1)]
     assert np.asarray(scan(*args)).shape == (1, 2, 1)  # and it works again afterwards
+
+
+@pytest.mark.parametrize("config", [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (40, 3, 10, 8, 1, 2), (24, 2, 3, 5, 3, 5)])
+def test_the_parameter_count_of_5_3_5_is_the_library_count(config):
+    from course.mamba import Mamba, MambaConfig
+    E, L, V, n, expand, k = config
+    model = Mamba(MambaConfig(E, L, V, d_state=n, expand=expand, d_conv=k))
+    assert count_parameters(*config) == model.num_parameters()

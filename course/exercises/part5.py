@@ -26,42 +26,38 @@ def _call(candidate, *args, on="", **kwargs):
 def _without_library(*names):
     """While the learner's code runs, the course.mamba functions `names` refuse to run.
 
-    An exercise that asks for a piece of the library must not be passable by calling it. The
-    functions are swapped in every loaded course.mamba module, and where one is a dispatchable
-    operation its dispatch is overridden too, so a reference imported before the check (with
-    `from course.mamba import ...`) is caught as well.
+    An exercise that asks for a piece of the library must not be passable by calling it. Names
+    are looked up from `course.mamba` ("rms_norm", "scan.combine", "Mamba._mixer_step"; a class
+    stands for its constructor). The refusal watches which functions are entered (sys.settrace),
+    so it also catches a reference imported before the check, a method, or a dispatched call.
     """
-    def refuse(name):
-        def refused(*args, **kwargs):
-            raise CheckFailed(f"your code called course.mamba's {name}: write it yourself, without "
-                              f"course.mamba (that is what the exercise is about)")
-        return refused
+    import inspect
 
-    try:  # loaded now, so that an import inside the learner's function finds the swapped names
-        import course.mamba  # noqa: F401
-    except ImportError:
-        pass
-    swapped, overrides = [], {}
-    for mod_name, module in list(sys.modules.items()):
-        if module is None or not (mod_name == "course.mamba" or mod_name.startswith("course.mamba.")):
-            continue
-        for name in names:
-            original = getattr(module, name, None)
-            if original is not None:
-                swapped.append((module, name, original))
-                setattr(module, name, refuse(name))
-                if hasattr(original, "default"):  # a dispatchable operation
-                    overrides[name] = refuse(name)
-                    swapped.append((original, "default", original.default))
-                    original.default = refuse(name)
+    import course.mamba as library
+
+    codes = {}
+    for name in names:
+        obj = library
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if inspect.isclass(obj):
+            obj = obj.__init__
+        code = getattr(inspect.unwrap(obj), "__code__", None) if obj is not None else None
+        if code is not None:
+            codes[code] = name
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            raise CheckFailed(f"your code called course.mamba's {codes[frame.f_code]}: write it yourself, "
+                              f"without course.mamba (that is what the exercise is about)")
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(watch)
     try:
-        from ..tensor import dispatch
-        known = set(dispatch.names())
-        with dispatch.override({n: f for n, f in overrides.items() if n in known}):
-            yield
+        yield
     finally:
-        for owner, name, original in reversed(swapped):
-            setattr(owner, name, original)
+        sys.settrace(previous)
 
 
 def _pair(got, on, what="(first, second)"):
@@ -257,7 +253,8 @@ def _scan_inputs(rng, b, l, d_in, n):
     return u, delta, A, rng.normal(size=(b, l, n)), rng.normal(size=(b, l, n)), rng.normal(size=d_in)
 
 
-_SCANS = ("selective_scan", "linear_recurrence", "_sequential_forward", "_parallel_forward", "_fast_forward")
+_SCANS = ("selective_scan", "linear_recurrence", "scan._sequential_forward", "scan._parallel_forward",
+          "scan._fast_forward")
 
 
 @exercise("5.2.3", hint="x starts at zeros (b, d_in, n); for each position k: x = exp(delta_k A) * x + "
@@ -307,3 +304,135 @@ def _(candidate, rng):
         expect(combine.calls <= 2 * rounds + 1,
                f"your scan called combine {combine.calls} times on {on}; a log-depth scan needs about "
                f"log2(L) = {np.log2(L):.1f} calls, each on whole slices of the arrays")
+
+
+# ---- 5.3 the Mamba block and model ---------------------------------------------------------------
+
+
+def _ref_rms(x, weight, eps=1e-5):
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * weight
+
+
+@exercise("5.3.1", hint="over the last axis: x / sqrt(mean(x**2) + eps) * weight, with keepdims=True so "
+                        "each vector is divided by its own root mean square; no mean is subtracted")
+def _(candidate, rng):
+    cases = [(np.array([[3.0, 4.0]]), np.ones(2), "x=[[3, 4]], weight 1"),
+             (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), "x=[[1, 2, 3, 4]], weight [1, 2, 0.5, -1]"),
+             # mean square 1e-6, below eps: dividing by sqrt(mean square) + eps gives about +-1, not +-0.3
+             (np.array([[0.001, -0.001]]), np.ones(2), "x=[[0.001, -0.001]] (mean square 1e-6, below eps)"),
+             (np.array([[1.0, 2.0, 3.0], [10.0, 20.0, 60.0]]), np.ones(3), "x=[[1, 2, 3], [10, 20, 60]] (each row on its own)")]
+    cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), "random x (2, 3, 8) and weight (8,)")]
+    for x, w, on in cases:
+        with _without_library("rms_norm", "RMSNorm"):
+            got = _call(candidate, x.copy(), w.copy(), on=on)
+        mu = x.mean(axis=-1, keepdims=True)
+        layer_norm = (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5) * w
+        if _same(got, layer_norm, rtol=1e-5, atol=1e-7) and not _same(got, _ref_rms(x, w)):
+            raise CheckFailed(f"that is LayerNorm on {on}: RMSNorm does not subtract the mean")
+        expect_close(got, _ref_rms(x, w), on=on, rtol=1e-5, atol=1e-7)  # float32 work passes
+
+
+def _ref_conv(x, weight, bias):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    y = np.tile(bias, (b, l, 1)).astype(np.float64)
+    for t in range(l):
+        for j in range(k):
+            s = t - (k - 1) + j  # tap j reads k - 1 - j steps back
+            if s >= 0:
+                y[:, t] += weight[:, j] * x[:, s]
+    return y
+
+
+@exercise("5.3.2", hint="pad k - 1 zeros in front of the time axis (axis 1); tap j then reads the padded "
+                        "input from j to j + l, so the last tap weight[:, k - 1] meets the current position")
+def _(candidate, rng):
+    ramp = np.arange(1.0, 6.0).reshape(1, 5, 1)
+    cases = [(ramp, np.array([[0.0, 0.0, 1.0]]), np.zeros(1), "x=[1, 2, 3, 4, 5] (1 channel), weight [[0, 0, 1]], bias 0"),
+             (ramp, np.array([[1.0, 0.0, 0.0]]), np.array([0.5]), "x=[1, 2, 3, 4, 5], weight [[1, 0, 0]], bias 0.5"),
+             (ramp, np.array([[1.0, 2.0, 3.0]]), np.zeros(1), "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], bias 0")]
+    cases += [(rng.normal(size=(2, 7, 3)), rng.normal(size=(3, 4)), rng.normal(size=3),
+               "random x (2, 7, 3), weight (3, 4), bias (3,)")]
+    for x, w, bias, on in cases:
+        with _without_library("causal_conv1d", "CausalConv1d"):
+            got = _call(candidate, x.copy(), w.copy(), bias.copy(), on=on)
+        expected = _ref_conv(x, w, bias)
+        if _same(got, _ref_conv(x, w[:, ::-1], bias)) and not _same(got, expected):
+            raise CheckFailed(f"the taps are reversed on {on}: the last tap, weight[:, k - 1], multiplies "
+                              f"the current position (PyTorch's Conv1d order)")
+        expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)
+
+
+@exercise("5.3.3", hint="window = the state with u_t appended at the end (time axis 1); out_t = (window * "
+                        "weight.T).sum(axis=1) + bias; the new state is the window without its oldest entry")
+def _(candidate, rng):
+    for b, k, d in [(1, 2, 1), (1, 4, 2), (2, 4, 3), (3, 3, 5)]:
+        state, u_t = rng.normal(size=(b, k - 1, d)), rng.normal(size=(b, d))
+        w, bias = rng.normal(size=(d, k)), rng.normal(size=d)
+        on = f"random conv_state {state.shape}, u_t {u_t.shape}, weight {w.shape}"
+        with _without_library("Mamba._mixer_step", "causal_conv1d", "CausalConv1d"):
+            got = _pair(_call(candidate, state.copy(), u_t.copy(), w.copy(), bias.copy(), on=on), on,
+                        "(out_t, new_state)")
+        window = np.concatenate([state, u_t[:, None]], axis=1)
+        expect_close(got[0], _ref_conv(window, w, bias)[:, -1], on=on, rtol=1e-6, atol=1e-9, what="out_t")
+        if _same(got[1], state):
+            raise CheckFailed(f"the state did not move on, on {on}: the next step needs the newest input in it")
+        if _same(got[1], window[:, :-1]):
+            raise CheckFailed(f"the new state dropped the newest input instead of the oldest on {on}")
+        expect_close(got[1], window[:, 1:], on=on, rtol=0, atol=0, what="new state")
+
+
+@exercise("5.3.4", hint="dbc = u @ x_proj_weight.T, split in the order delta (the first dt_rank numbers), B (n), "
+                        "C (n); delta = softplus(delta @ dt_proj_weight.T + dt_proj_bias)")
+def _(candidate, rng):
+    for b, l, d_in, r, n in [(1, 1, 2, 1, 1), (1, 3, 4, 1, 2), (2, 5, 8, 2, 4)]:
+        u = rng.normal(size=(b, l, d_in))
+        xw, dw, db = rng.normal(size=(r + 2 * n, d_in)), rng.normal(size=(d_in, r)), rng.normal(size=d_in)
+        on = f"random u {u.shape}, x_proj_weight {xw.shape}, dt_proj_weight {dw.shape}, n={n}"
+        with _without_library("MambaBlock.ssm_parameters"):
+            got = _call(candidate, u.copy(), xw.copy(), dw.copy(), db.copy(), n, on=on)
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            raise CheckFailed(f"expected a triple (delta, B, C), got {type(got).__name__} on {on}")
+        dbc = u @ xw.T
+        pre = dbc[..., :r] @ dw.T + db
+        delta = np.logaddexp(0.0, pre)
+        B, C = dbc[..., r:r + n], dbc[..., r + n:]
+        if _same(got[0], pre):
+            raise CheckFailed(f"delta can be negative on {on}: the steps go through softplus")
+        expect_close(got[0], delta, on=on, rtol=1e-6, atol=1e-9, what="delta")
+        if _same(got[1], C) and _same(got[2], B):
+            raise CheckFailed(f"B and C are swapped on {on}: after delta come B, then C")
+        expect_close(got[1], B, on=on, rtol=1e-6, atol=1e-9, what="B")
+        expect_close(got[2], C, on=on, rtol=1e-6, atol=1e-9, what="C")
+
+
+def _ref_mamba_count(d_model, n_layer, vocab_size, d_state, expand, d_conv, tied=True, pad=True):
+    E, d, n, k = d_model, expand * d_model, d_state, d_conv
+    r = -(-d_model // 16)
+    layer = E + 2 * d * E + d * k + d + d * (r + 2 * n) + r * d + d + d * n + d + d * E
+    V = -(-vocab_size // 8) * 8 if pad else vocab_size
+    return n_layer * layer + V * E * (1 if tied else 2) + E
+
+
+@exercise("5.3.5", hint="per layer: norm E, in_proj 2dE, conv1d dk + d, x_proj d(r + 2n), dt_proj rd + d, "
+                        "A_log dn, D d, out_proj dE (d = expand E, r = ceil(E / 16)); plus the padded "
+                        "embedding (the head shares it) and norm_f")
+def _(candidate, rng):
+    cases = [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (768, 24, 50277, 16, 2, 4), (40, 3, 10, 8, 1, 2)]
+    cases += [(8 * int(rng.integers(1, 20)), int(rng.integers(1, 5)), int(rng.integers(2, 300)),
+               int(rng.integers(1, 20)), int(rng.integers(1, 4)), int(rng.integers(2, 6)))]
+    for E, L, V, n, expand, k in cases:
+        on = f"d_model={E}, n_layer={L}, vocab_size={V}, d_state={n}, expand={expand}, d_conv={k}"
+        with _without_library("Mamba", "MambaConfig"):
+            got = _call(candidate, E, L, V, n, expand, k, on=on)
+        try:
+            got = int(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(f"expected a whole number, got {got!r} on {on}") from None
+        expected = _ref_mamba_count(E, L, V, n, expand, k)
+        if got == _ref_mamba_count(E, L, V, n, expand, k, tied=False) != expected:
+            raise CheckFailed(f"you counted lm_head on its own on {on}: it is the embedding table itself (tied)")
+        if got == _ref_mamba_count(E, L, V, n, expand, k, pad=False) != expected:
+            raise CheckFailed(f"the embedding has padded_vocab_size rows (vocab_size rounded up to a multiple "
+                              f"of 8), on {on}")
+        expect(got == expected, f"expected {expected:,} parameters, got {got:,} on {on}")
