@@ -17,11 +17,21 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 """
 
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
-from .basics import reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
+from . import cpu, ops
+from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
                      reset_launches)
+from .matmul import TILE, matmul, matmul_naive_kernel, matmul_tiled_kernel
+from .ops import DEVICES, use_kernels
+from .rows import (layer_norm, layer_norm_backward, layer_norm_kernel, softmax, softmax_backward,
+                   softmax_kernel)
+from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_scan_kernel
 from .trace import TraceReport, trace
 
-__all__ = ["backend", "backend_reason", "cuda", "vector_add", "vector_add_kernel", "reduce_sum",
-           "reduce_sum_kernel", "launch", "check_launch", "launches", "reset_launches",
-           "MAX_THREADS_PER_BLOCK", "THREADS_PER_BLOCK", "trace", "TraceReport"]
+__all__ = ["backend", "backend_reason", "cuda", "cpu", "ops", "use_kernels", "DEVICES",
+           "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
+           "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
+           "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",
+           "matmul_naive_kernel", "matmul_tiled_kernel", "selective_scan_kernel",
+           "launch", "check_launch", "launches", "reset_launches", "trace", "TraceReport",
+           "MAX_THREADS_PER_BLOCK", "THREADS_PER_BLOCK", "TILE", "MAX_STATE"]

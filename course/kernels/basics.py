@@ -96,3 +96,57 @@ def reduce_sum(x, threads_per_block=THREADS_PER_BLOCK, blocks=None):
     total = cuda.device_array(1, dtype=np.float32)
     launch(reduce_sum_kernel, 1, t, partial, total)
     return total.copy_to_host()[0]
+
+
+# ----- sums along the first axis, and adding a row to every row -------------------------------------
+@cuda.jit
+def column_sum_kernel(x, out):
+    """out[j] = sum of column j of x: one thread per column, walking down the rows (neighbouring
+    threads read neighbouring numbers of each row: coalesced)."""
+    j = cuda.grid(1)
+    if j < x.shape[1]:
+        acc = float32(0)
+        for i in range(x.shape[0]):
+            acc += x[i, j]
+        out[j] = acc
+
+
+@cuda.jit
+def add_row_kernel(x, row):
+    """x[i, j] += row[j] for every i: a bias added to every row, one thread per element."""
+    j, i = cuda.grid(2)
+    if i < x.shape[0] and j < x.shape[1]:
+        x[i, j] += row[j]
+
+
+def reduce_rows(x):
+    """x.sum(axis=0) of a float32 array (its other axes kept), by a kernel."""
+    x = as_float32(x, "reduce_rows")
+    if x.ndim == 0:
+        raise ValueError("reduce_rows: takes an array with at least one axis")
+    flat = x.reshape(x.shape[0], -1)
+    out = cuda.device_array(flat.shape[1], dtype=np.float32)
+    if flat.shape[1]:
+        if flat.shape[0] == 0:
+            return np.zeros(x.shape[1:], np.float32)
+        launch(column_sum_kernel, blocks_for(flat.shape[1], THREADS_PER_BLOCK), THREADS_PER_BLOCK,
+               cuda.to_device(flat), out)
+    return out.copy_to_host().reshape(x.shape[1:])
+
+
+def add_row_device(x, row):
+    """Add the vector `row` (on the device) to every row of the 2-D device array `x`, in place."""
+    side = 16 if THREADS_PER_BLOCK >= 256 else 8
+    launch(add_row_kernel, (blocks_for(x.shape[1], side), blocks_for(x.shape[0], side)), (side, side), x, row)
+    return x
+
+
+def add_row(x, row):
+    """x + row for a 2-D float32 array x and a vector row of x.shape[1] numbers (a bias), by a kernel."""
+    x, row = as_float32(x, "add_row", "x"), as_float32(row, "add_row", "row")
+    if x.ndim != 2 or row.shape != x.shape[1:]:
+        raise ValueError(f"add_row: shapes {x.shape} and {row.shape} do not fit: it takes (m, n) and (n,)")
+    d_x = cuda.to_device(x)
+    if x.size:
+        add_row_device(d_x, cuda.to_device(row))
+    return d_x.copy_to_host()
