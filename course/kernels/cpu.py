@@ -57,7 +57,7 @@ def _reduce_sum(x):
 def reduce_sum(x):
     x = _floats(x, "reduce_sum").ravel()
     count("cpu.reduce_sum")
-    return _reduce_sum(x) if x.size else x.dtype.type(0)
+    return x.dtype.type(_reduce_sum(x) if x.size else 0)
 
 
 @njit(cache=True, parallel=True)

@@ -6,6 +6,7 @@ what is wrong in words before anything runs. Each launch is counted per kernel n
 learner can see which kernels a model used: `launches()` and `reset_launches()`.
 """
 
+import sys
 from collections import Counter
 
 import numpy as np
@@ -24,7 +25,9 @@ if backend() == "gpu":
 
 # The block size the host functions use. The simulator runs every thread as an OS thread, so it
 # gets small blocks; a GPU wants enough threads per block to hide memory latency.
-THREADS_PER_BLOCK = 256 if backend() == "gpu" else 32
+THREADS_PER_BLOCK = 256 if backend() == "gpu" else 16
+
+SIMULATOR_SWITCH_INTERVAL = 2e-4  # seconds
 
 _launches = Counter()
 
@@ -79,10 +82,18 @@ def launch(kernel, griddim, blockdim, *args):
     name = getattr(kernel, "__name__", "kernel")
     grid, block = check_launch(griddim, blockdim, name)
     _launches[name] += 1
+    switch = sys.getswitchinterval()
+    if backend() == "simulator":
+        # The simulator runs each GPU thread as a Python thread and waits for all of them at every
+        # barrier; handing the interpreter from thread to thread more often (Python's default is
+        # every 5 ms) makes kernels with barriers several times faster there.
+        sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL)
     try:
         kernel[grid, block](*args)
     except Exception as err:
         raise RuntimeError(f"kernel {name} failed on a grid of {grid} blocks of {block} threads: {err}") from err
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def as_float32(x, name, what="x"):
