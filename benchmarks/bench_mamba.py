@@ -4,7 +4,7 @@ The model has d_model 128, 4 layers, d_state 16 and a vocabulary of 65 (padded t
 sequences of 128 tokens: a step is forward, cross-entropy, backward and an AdamW update. PyTorch
 runs the same model written as mamba-minimal writes it (benchmarks/reference_mamba.py: its
 selective scan is a Python loop over time), with the same weights, on the CPU. Both get the same
-number of threads (NumPy's BLAS, Numba's parallel loops and torch.set_num_threads) and are timed
+number of threads (NumPy's BLAS and torch.set_num_threads; the course's scan runs on one) and are timed
 in alternation, so that a busy machine slows both alike; each time is the best of several steps.
 
 The second row times the fastest selective_scan method against the step-by-step loop in NumPy
@@ -38,16 +38,8 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
-def _threads():
-    import numba
-
-    threads = min(numpy_threads(), numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(threads)
-    return threads
-
-
 def bench_training_step():
-    threads = _threads()
+    threads = numpy_threads()
     rng = np.random.default_rng(0)
     x = rng.integers(0, CONFIG.vocab_size, (BATCH, LENGTH))
     y = rng.integers(0, CONFIG.vocab_size, (BATCH, LENGTH))
@@ -96,11 +88,10 @@ def bench_training_step():
     c, r = min(course), min(reference)
     return {"name": name, "course_s": c, "reference": f"PyTorch {torch.__version__.split('+')[0]} (mamba-minimal)",
             "reference_s": r, "ratio": c / r,
-            "note": f"{threads} threads each (BLAS, Numba, torch); target <= 0.1"}
+            "note": f"{threads} threads each (BLAS, torch); target <= 0.1"}
 
 
 def bench_scan(b=1, l=1024, d=128, n=16):
-    _threads()
     rng = np.random.default_rng(0)
     arrays = [rng.normal(size=(b, l, d)), rng.uniform(1e-3, 0.1, (b, l, d)), -np.tile(np.arange(1, n + 1), (d, 1)),
               rng.normal(size=(b, l, n)), rng.normal(size=(b, l, n)), np.ones(d)]

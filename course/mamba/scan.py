@@ -31,7 +31,7 @@ and from dh_t every input's gradient follows locally (see `_gradients_from_state
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..tensor import Tensor, operation
 from ..tensor.dispatch import dispatchable
@@ -163,13 +163,13 @@ def _gradients_from_states(g, u, delta, A, B, C, D, h, h_prev, a, dh):
 # Loop order: batch, time, channel, state. The n states of a channel sit side by side in memory,
 # so the innermost loop runs over contiguous numbers. The forward keeps the decays a = exp(delta A)
 # and the states for the backward: recomputing the exponentials would cost more time than storing
-# them costs memory. The sequences of a batch are independent, so they run in parallel (`prange`,
-# on as many threads as numba.set_num_threads allows); within a sequence, time is sequential.
-@njit(cache=True, fastmath=True, parallel=True)
+# them costs memory. It runs on one thread (the sequences of a batch could run in parallel:
+# part 6's CPU kernels do that).
+@njit(cache=True, fastmath=True)
 def _fast_forward_kernel(u, delta, A, B, C, D, y, a, h):
     b, l, d = u.shape
     n = A.shape[1]
-    for bi in prange(b):
+    for bi in range(b):
         for t in range(l):
             for di in range(d):
                 dt = delta[bi, t, di]
@@ -184,13 +184,13 @@ def _fast_forward_kernel(u, delta, A, B, C, D, y, a, h):
                 y[bi, t, di] = acc
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, fastmath=True)
 def _fast_backward_kernel(g, u, delta, A, B, C, D, a, h, du, ddelta, dA, dB, dC, dD):
-    """dA and dD get one row per sequence (summed by the caller): threads never add to the same number."""
     b, l, d = u.shape
     n = A.shape[1]
-    for bi in prange(b):
-        carry = np.zeros((d, n), dtype=h.dtype)  # a_{t+1} dh_{t+1}: what reaches h_t from the future
+    carry = np.zeros((d, n), dtype=h.dtype)  # a_{t+1} dh_{t+1}: what reaches h_t from the future
+    for bi in range(b):
+        carry[:] = 0
         for t in range(l - 1, -1, -1):
             for ni in range(n):
                 dB[bi, t, ni] = 0
@@ -207,13 +207,13 @@ def _fast_backward_kernel(g, u, delta, A, B, C, D, a, h, du, ddelta, dA, dB, dC,
                     d_dA = dh * h[bi, t, di, ni] * at  # d loss / d (delta A), as a = exp(delta A)
                     dC[bi, t, ni] += gt * h[bi, t + 1, di, ni]
                     dB[bi, t, ni] += dh * dt * x
-                    dA[bi, di, ni] += d_dA * dt
+                    dA[di, ni] += d_dA * dt
                     s_delta += d_dA * A[di, ni]
                     s_B += dh * B[bi, t, ni]
                     carry[di, ni] = at * dh
                 ddelta[bi, t, di] = s_delta + s_B * x
                 du[bi, t, di] = s_B * dt + D[di] * gt
-                dD[bi, di] += gt * x
+                dD[di] += gt * x
 
 
 def _fast_forward(u, delta, A, B, C, D):
@@ -233,11 +233,11 @@ def _fast_backward(g, u, delta, A, B, C, D, saved):
     b, l, d = u.shape
     du, ddelta = np.empty_like(u), np.empty_like(u)
     dB, dC = np.empty_like(B), np.empty_like(C)
-    dA = np.zeros((b,) + A.shape, dtype=A.dtype)
-    dD = np.zeros((b, d), dtype=u.dtype)
+    dA = np.zeros_like(A)
+    dD = np.zeros(d, dtype=u.dtype)
     D_ = np.zeros(d, dtype=u.dtype) if D is None else D
     _fast_backward_kernel(np.ascontiguousarray(g), u, delta, A, B, C, D_, a, h, du, ddelta, dA, dB, dC, dD)
-    return du, ddelta, dA.sum(axis=0), dB, dC, (None if D is None else dD.sum(axis=0))
+    return du, ddelta, dA, dB, dC, (None if D is None else dD)
 
 
 _FORWARD = {"sequential": _sequential_forward, "parallel": _parallel_forward, "fast": _fast_forward}
