@@ -1,0 +1,371 @@
+"""The checks of part 6: a stub is not attempted, the classic mistakes (a race, a missing guard, an
+off-by-one index, a forgotten barrier, a forgotten return) fail with a message in words, and a
+right answer passes."""
+
+import math
+
+import numpy as np
+import pytest
+
+import course.kernels as K
+from course.exercises import check
+from course.kernels import cuda
+
+from numba import float32  # noqa: E402  (after course.kernels, which chooses the CUDA backend)
+
+pytestmark = pytest.mark.part6
+
+TPB = 32
+TILE = 4
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@cuda.jit
+def stub_kernel(*args):
+    raise NotImplementedError  # your code here
+
+
+# ===== 6.1 ===========================================================================================
+
+
+def global_index_2d(block_idx, block_dim, thread_idx):
+    return tuple(b * d + t for b, d, t in zip(block_idx, block_dim, thread_idx))
+
+
+def global_index_2d_no_block_dim(block_idx, block_dim, thread_idx):
+    return tuple(b + t for b, t in zip(block_idx, thread_idx))
+
+
+def global_index_2d_swapped(block_idx, block_dim, thread_idx):
+    return global_index_2d(block_idx, block_dim, thread_idx)[::-1]
+
+
+@cuda.jit
+def scale(x, alpha, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_no_guard(x, alpha, out):
+    i = cuda.grid(1)
+    out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_guard_off_by_one(x, alpha, out):
+    i = cuda.grid(1)
+    if i <= x.size:
+        out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_block_index_only(x, alpha, out):
+    i = cuda.threadIdx.x  # forgets the blocks before this one: every block writes the first elements
+    if i < x.size:
+        out[i] = alpha * x[i]
+
+
+def grid_for(shape, block):
+    return tuple((s + b - 1) // b for s, b in zip(shape, block))
+
+
+def grid_for_floor(shape, block):
+    return tuple(s // b for s, b in zip(shape, block))
+
+
+def grid_for_one_extra(shape, block):
+    return tuple(s // b + 1 for s, b in zip(shape, block))
+
+
+@cuda.jit
+def add_matrices(a, b, out):
+    x, y = cuda.grid(2)
+    if x < out.shape[0] and y < out.shape[1]:
+        out[x, y] = a[x, y] + b[x, y]
+
+
+@cuda.jit
+def add_matrices_guard_rows_only(a, b, out):
+    x, y = cuda.grid(2)
+    if x < out.shape[0]:
+        out[x, y] = a[x, y] + b[x, y]
+
+
+@cuda.jit
+def add_matrices_swapped(a, b, out):
+    x, y = cuda.grid(2)
+    if x < out.shape[1] and y < out.shape[0]:
+        out[y, x] = a[y, x] + b[y, x]
+
+
+@cuda.jit
+def scale_strided(x, alpha, out):
+    i = cuda.grid(1)
+    while i < x.size:
+        out[i] = alpha * x[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def scale_strided_by_block(x, alpha, out):
+    i = cuda.grid(1)
+    while i < x.size:
+        out[i] = alpha * x[i]
+        i += cuda.blockDim.x  # the step of one block, not the grid: blocks overwrite each other
+
+
+# ===== 6.2 ===========================================================================================
+
+
+@cuda.jit
+def reverse_in_place(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - 1 - t]
+    cuda.syncthreads()
+    x[t] = v
+
+
+@cuda.jit
+def reverse_in_place_no_barrier(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - 1 - t]
+    x[t] = v
+
+
+@cuda.jit
+def reverse_off_by_one(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - t]
+    cuda.syncthreads()
+    x[t] = v
+
+
+@cuda.jit
+def block_sum(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_barrier(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_padding(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        cache[t] = x[i]
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_load_unguarded(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    cache[t] = x[cuda.grid(1)]
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def softmax_rows(x, out):
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n = x.shape[1]
+    cache = cuda.shared.array(TPB, float32)
+    m = -math.inf
+    for j in range(t, n, cuda.blockDim.x):
+        m = max(m, x[row, j])
+    cache[t] = m
+    cuda.syncthreads()
+    if t == 0:
+        for k in range(1, cuda.blockDim.x):
+            cache[0] = max(cache[0], cache[k])
+    cuda.syncthreads()
+    m = cache[0]
+    cuda.syncthreads()
+    s = 0.0
+    for j in range(t, n, cuda.blockDim.x):
+        s += math.exp(x[row, j] - m)
+    cache[t] = s
+    cuda.syncthreads()
+    if t == 0:
+        for k in range(1, cuda.blockDim.x):
+            cache[0] += cache[k]
+    cuda.syncthreads()
+    total = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = math.exp(x[row, j] - m) / total
+
+
+@cuda.jit
+def softmax_rows_no_max(x, out):
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n = x.shape[1]
+    cache = cuda.shared.array(TPB, float32)
+    s = 0.0
+    for j in range(t, n, cuda.blockDim.x):
+        s += math.exp(x[row, j])
+    cache[t] = s
+    cuda.syncthreads()
+    if t == 0:
+        for k in range(1, cuda.blockDim.x):
+            cache[0] += cache[k]
+    cuda.syncthreads()
+    total = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = math.exp(x[row, j]) / total
+
+
+@cuda.jit
+def softmax_rows_one_thread(x, out):
+    # right, if slow: thread 0 of each block does the whole row
+    row = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0:
+        m = x[row, 0]
+        for j in range(x.shape[1]):
+            m = max(m, x[row, j])
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += math.exp(x[row, j] - m)
+        for j in range(x.shape[1]):
+            out[row, j] = math.exp(x[row, j] - m) / s
+
+
+@cuda.jit
+def softmax_rows_reads_max_too_early(x, out):
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n = x.shape[1]
+    cache = cuda.shared.array(TPB, float32)
+    m = -math.inf
+    for j in range(t, n, cuda.blockDim.x):
+        m = max(m, x[row, j])
+    cache[t] = m
+    cuda.syncthreads()
+    if t == 0:
+        for k in range(1, cuda.blockDim.x):
+            cache[0] = max(cache[0], cache[k])
+    m = cache[0]  # no barrier: thread 1 reads cache[0] before thread 0 has finished the max
+    cuda.syncthreads()
+    s = 0.0
+    for j in range(t, n, cuda.blockDim.x):
+        s += math.exp(x[row, j] - m)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = math.exp(x[row, j] - m) / s
+
+
+CASES = [
+    ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
+    ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
+    ("6.1.2", scale, scale_no_guard, "thread 37 read x[37] out of bounds (x has length 37)"),
+    ("6.1.2", scale, scale_guard_off_by_one, "thread 37 read x[37] out of bounds"),
+    ("6.1.2", scale, scale_block_index_only, "element 0 of out was written by threads 0 and 32"),
+    ("6.1.3", grid_for, grid_for_floor, "element (0, 4) of out was never written"),
+    ("6.1.3", grid_for, grid_for_one_extra, "the extra blocks have no element"),
+    ("6.1.4", add_matrices, add_matrices_guard_rows_only, "out of bounds (a has shape (5, 7))"),
+    ("6.1.4", add_matrices, add_matrices_swapped, "was never written"),
+    ("6.1.5", scale_strided, scale_no_guard, "element 8 of out was never written"),
+    ("6.1.5", scale_strided, scale_strided_by_block, "of out was written by threads"),
+    ("6.2.1", reverse_in_place, reverse_in_place_no_barrier, "a missing barrier"),
+    ("6.2.1", reverse_in_place, reverse_off_by_one, "read x[8] out of bounds (x has length 8)"),
+    ("6.2.2", block_sum, block_sum_no_barrier, "a missing barrier"),
+    ("6.2.2", block_sum, block_sum_no_padding, "before any thread of its block wrote it"),
+    ("6.2.2", block_sum, block_sum_load_unguarded, "read x[37] out of bounds"),
+    ("6.2.3", softmax_rows, softmax_rows_no_max, "subtract the row's maximum"),
+    ("6.2.3", softmax_rows, softmax_rows_reads_max_too_early, "a missing barrier"),
+]
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
+                         ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
+def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
+    is_kernel = hasattr(right, "py_func")
+    assert check(exercise_id, stub_kernel if is_kernel else stub).status == "not attempted"
+    failed = check(exercise_id, wrong)
+    assert failed.status == "failed"
+    assert named in failed.message, failed.message
+    assert "Hint:" in failed.message
+    assert check(exercise_id, right).status == "passed"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
+
+
+@pytest.mark.parametrize("exercise_id,candidate", [
+    ("6.1.1", lambda bi, bd, ti: np.array(global_index_2d(bi, bd, ti))),
+    ("6.1.2", scale.py_func),  # a plain function, not decorated: the tracer runs it all the same
+    ("6.1.3", lambda shape, block: [math.ceil(s / b) for s, b in zip(shape, block)]),
+    ("6.2.3", softmax_rows_one_thread),
+], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread"])
+def test_other_right_answers_pass(exercise_id, candidate):
+    assert check(exercise_id, candidate).status == "passed"
+
+
+def test_the_library_kernel_is_refused():
+    result = check("6.2.2", K.reduce_sum_kernel)
+    assert result.status == "failed" and "course's own" in result.message
+
+
+def test_a_function_that_forgot_return_is_told_so():
+    def forgot(block_idx, block_dim, thread_idx):
+        (block_idx[0] * block_dim[0] + thread_idx[0], block_idx[1] * block_dim[1] + thread_idx[1])
+
+    result = check("6.1.1", forgot)
+    assert result.status == "failed" and "forget `return`" in result.message
+
+
+def test_a_crash_in_a_kernel_names_the_thread_and_the_input():
+    @cuda.jit
+    def broken(x, alpha, out):
+        i = cuda.grid(1)
+        if i == 3:
+            out[i] = undefined_name  # noqa: F821
+
+    result = check("6.1.2", broken)
+    assert result.status == "failed"
+    assert "thread 3 raised NameError" in result.message and "x of length 37" in result.message
