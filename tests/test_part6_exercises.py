@@ -71,36 +71,43 @@ def scale_block_index_only(x, alpha, out):
 
 
 def grid_for(shape, block):
-    return tuple((s + b - 1) // b for s, b in zip(shape, block))
+    rows, cols = shape
+    return ((cols + block[0] - 1) // block[0], (rows + block[1] - 1) // block[1])
 
 
 def grid_for_floor(shape, block):
-    return tuple(s // b for s, b in zip(shape, block))
+    rows, cols = shape
+    return (cols // block[0], rows // block[1])
 
 
 def grid_for_one_extra(shape, block):
-    return tuple(s // b + 1 for s, b in zip(shape, block))
+    rows, cols = shape
+    return (cols // block[0] + 1, rows // block[1] + 1)
+
+
+def grid_for_axes_swapped(shape, block):
+    return tuple((s + b - 1) // b for s, b in zip(shape, block))
 
 
 @cuda.jit
 def add_matrices(a, b, out):
-    x, y = cuda.grid(2)
-    if x < out.shape[0] and y < out.shape[1]:
-        out[x, y] = a[x, y] + b[x, y]
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = a[row, col] + b[row, col]
 
 
 @cuda.jit
 def add_matrices_guard_rows_only(a, b, out):
-    x, y = cuda.grid(2)
-    if x < out.shape[0]:
-        out[x, y] = a[x, y] + b[x, y]
+    col, row = cuda.grid(2)
+    if row < out.shape[0]:
+        out[row, col] = a[row, col] + b[row, col]
 
 
 @cuda.jit
 def add_matrices_swapped(a, b, out):
-    x, y = cuda.grid(2)
-    if x < out.shape[1] and y < out.shape[0]:
-        out[y, x] = a[y, x] + b[y, x]
+    row, col = cuda.grid(2)  # x taken as the row: the grid was sized for x along the columns
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = a[row, col] + b[row, col]
 
 
 @cuda.jit
@@ -309,6 +316,7 @@ CASES = [
     ("6.1.2", scale, scale_block_index_only, "element 0 of out was written by threads 0 and 32"),
     ("6.1.3", grid_for, grid_for_floor, "element (0, 4) of out was never written"),
     ("6.1.3", grid_for, grid_for_one_extra, "the extra blocks have no element"),
+    ("6.1.3", grid_for, grid_for_axes_swapped, "was never written"),
     ("6.1.4", add_matrices, add_matrices_guard_rows_only, "out of bounds (a has shape (5, 7))"),
     ("6.1.4", add_matrices, add_matrices_swapped, "was never written"),
     ("6.1.5", scale_strided, scale_no_guard, "element 8 of out was never written"),

@@ -311,21 +311,22 @@ def _(candidate, rng):
         expect_close(device[2], 2 * x, on="x of length 37 on the GPU", rtol=1e-6, atol=1e-6, what="out")
 
 
-@exercise("6.1.3", hint="along each axis, how many blocks of that many threads cover the array? "
-                        "Round up, so that the last block may be only partly used")
+@exercise("6.1.3", hint="x runs along the columns and y along the rows; along each, how many blocks of "
+                        "that many threads cover the matrix? Round up: the last block may be only partly used")
 def _(candidate, rng):
     K = _kernels()
-    cases = [((5, 7), (4, 4)), ((32, 32), (16, 16)), ((1, 1), (8, 8)), ((33, 2), (32, 4)), ((8, 40), (8, 8))]
+    cases = [((5, 7), (4, 4)), ((32, 32), (16, 16)), ((1, 1), (8, 8)), ((2, 33), (32, 4)), ((40, 8), (8, 8)),
+             ((3, 20), (8, 2))]
     cases += [((int(rng.integers(1, 50)), int(rng.integers(1, 50))), (8, 4)) for _ in range(3)]
     for shape, block in cases:
-        on = f"shape={shape}, block={block}"
+        on = f"a matrix of shape {shape} (rows, columns), blocks of {block} threads (x, y)"
         got = _call(candidate, shape, block, on=on)
         try:
             grid = tuple(int(v) for v in got)
         except (TypeError, ValueError):
             raise CheckFailed(f"expected a pair of block counts (x, y), got {got!r} on {on}") from None
         expect(len(grid) == 2, f"expected a pair of block counts (x, y), got {len(grid)} numbers on {on}")
-        expected = tuple(-(-s // b) for s, b in zip(shape, block))
+        expected = _grid2(shape, block)
         if grid == expected:
             continue
         if min(grid) < 1:
@@ -338,20 +339,22 @@ def _(candidate, rng):
 
 
 def _fill(out):
-    x, y = cuda.grid(2)
-    if x < out.shape[0] and y < out.shape[1]:
-        out[x, y] = 1
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = 1
 
 
 def _grid2(shape, block):
-    return tuple(-(-s // b) for s, b in zip(shape, block))
+    """The grid (x, y) that covers a (rows, cols) matrix with blocks (x, y), x along the columns."""
+    return (-(-shape[1] // block[0]), -(-shape[0] // block[1]))
 
 
-@exercise("6.1.4", hint="x = cuda.grid(2)[0] indexes the rows and y the columns; a thread whose (x, y) is "
-                        "outside the matrix along either axis must do nothing")
+@exercise("6.1.4", hint="col, row = cuda.grid(2): x runs along the columns, y along the rows; a thread "
+                        "whose (row, col) is outside the matrix along either axis must do nothing")
 def _(candidate, rng):
     _refuse_library(candidate)
-    cases = [((5, 7), (4, 4)), ((3, 3), (4, 4)), ((8, 8), (4, 4)), ((6, 2), (4, 4)), ((2, 9), (2, 8))]
+    cases = [((5, 7), (4, 4)), ((2, 9), (8, 2)), ((3, 3), (4, 4)), ((8, 8), (4, 4)), ((6, 2), (4, 4)),
+             ((9, 2), (2, 8))]
     cases += [((int(rng.integers(1, 12)), int(rng.integers(1, 12))), (4, 4))]
     for shape, block in cases:
         a, b = _f32(*shape, rng=rng), _f32(*shape, rng=rng)
