@@ -60,14 +60,14 @@ def reduce_sum(x):
     return x.dtype.type(_reduce_sum(x) if x.size else 0)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _column_sum(x, out):
+    # Row after row, adding each whole row to the running sums: memory is read in order (a loop
+    # down each column would jump a row's length at every step) and the inner loop vectorises.
     out[:] = 0
-    for j in prange(x.shape[1]):
-        acc = x.dtype.type(0)
-        for i in range(x.shape[0]):
-            acc += x[i, j]
-        out[j] = acc
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[j] += x[i, j]
 
 
 def reduce_rows(x):
