@@ -220,92 +220,82 @@ def block_sum_load_unguarded(x, partial):
 
 
 @cuda.jit
-def softmax_rows(x, out):
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n = x.shape[1]
+def rms_norm_rows(x, weight, eps, out):
     cache = cuda.shared.array(TPB, float32)
-    m = -math.inf
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
     for j in range(t, n, cuda.blockDim.x):
-        m = max(m, x[row, j])
-    cache[t] = m
-    cuda.syncthreads()
-    if t == 0:
-        for k in range(1, cuda.blockDim.x):
-            cache[0] = max(cache[0], cache[k])
-    cuda.syncthreads()
-    m = cache[0]
-    cuda.syncthreads()
-    s = 0.0
-    for j in range(t, n, cuda.blockDim.x):
-        s += math.exp(x[row, j] - m)
+        s += x[row, j] * x[row, j]
     cache[t] = s
     cuda.syncthreads()
-    if t == 0:
-        for k in range(1, cuda.blockDim.x):
-            cache[0] += cache[k]
-    cuda.syncthreads()
-    total = cache[0]
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
     for j in range(t, n, cuda.blockDim.x):
-        out[row, j] = math.exp(x[row, j] - m) / total
+        out[row, j] = x[row, j] * r * weight[j]
 
 
 @cuda.jit
-def softmax_rows_no_max(x, out):
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n = x.shape[1]
-    cache = cuda.shared.array(TPB, float32)
-    s = 0.0
-    for j in range(t, n, cuda.blockDim.x):
-        s += math.exp(x[row, j])
-    cache[t] = s
-    cuda.syncthreads()
-    if t == 0:
-        for k in range(1, cuda.blockDim.x):
-            cache[0] += cache[k]
-    cuda.syncthreads()
-    total = cache[0]
-    for j in range(t, n, cuda.blockDim.x):
-        out[row, j] = math.exp(x[row, j]) / total
-
-
-@cuda.jit
-def softmax_rows_one_thread(x, out):
+def rms_norm_one_thread(x, weight, eps, out):
     # right, if slow: thread 0 of each block does the whole row
     row = cuda.blockIdx.x
     if cuda.threadIdx.x == 0:
-        m = x[row, 0]
-        for j in range(x.shape[1]):
-            m = max(m, x[row, j])
         s = 0.0
         for j in range(x.shape[1]):
-            s += math.exp(x[row, j] - m)
+            s += x[row, j] * x[row, j]
+        r = 1 / math.sqrt(s / x.shape[1] + eps)
         for j in range(x.shape[1]):
-            out[row, j] = math.exp(x[row, j] - m) / s
+            out[row, j] = x[row, j] * r * weight[j]
 
 
 @cuda.jit
-def softmax_rows_reads_max_too_early(x, out):
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n = x.shape[1]
+def rms_norm_no_barrier(x, weight, eps, out):
     cache = cuda.shared.array(TPB, float32)
-    m = -math.inf
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
     for j in range(t, n, cuda.blockDim.x):
-        m = max(m, x[row, j])
-    cache[t] = m
+        s += x[row, j] * x[row, j]
+    cache[t] = s
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def rms_norm_one_column_per_thread(x, weight, eps, out):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    cache[t] = x[row, t] * x[row, t] if t < n else 0
     cuda.syncthreads()
-    if t == 0:
-        for k in range(1, cuda.blockDim.x):
-            cache[0] = max(cache[0], cache[k])
-    m = cache[0]  # no barrier: thread 1 reads cache[0] before thread 0 has finished the max
-    cuda.syncthreads()
-    s = 0.0
-    for j in range(t, n, cuda.blockDim.x):
-        s += math.exp(x[row, j] - m)
-    for j in range(t, n, cuda.blockDim.x):
-        out[row, j] = math.exp(x[row, j] - m) / s
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t < n:
+        out[row, t] = x[row, t] / math.sqrt(cache[0] / n + eps) * weight[t]
+
+
+@cuda.jit
+def rms_norm_eps_outside(x, weight, eps, out):
+    row = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0:
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += x[row, j] * x[row, j]
+        r = 1 / (math.sqrt(s / x.shape[1]) + eps)
+        for j in range(x.shape[1]):
+            out[row, j] = x[row, j] * r * weight[j]
 
 
 CASES = [
@@ -326,8 +316,9 @@ CASES = [
     ("6.2.2", block_sum, block_sum_no_barrier, "a missing barrier"),
     ("6.2.2", block_sum, block_sum_no_padding, "before any thread of its block wrote it"),
     ("6.2.2", block_sum, block_sum_load_unguarded, "read x[37] out of bounds"),
-    ("6.2.3", softmax_rows, softmax_rows_no_max, "subtract the row's maximum"),
-    ("6.2.3", softmax_rows, softmax_rows_reads_max_too_early, "a missing barrier"),
+    ("6.2.3", rms_norm_rows, rms_norm_no_barrier, "a missing barrier"),
+    ("6.2.3", rms_norm_rows, rms_norm_one_column_per_thread, "element (0, 32) of out was never written"),
+    ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
 ]
 
 
@@ -347,8 +338,8 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
 @pytest.mark.parametrize("exercise_id,candidate", [
     ("6.1.1", lambda bi, bd, ti: np.array(global_index_2d(bi, bd, ti))),
     ("6.1.2", scale.py_func),  # a plain function, not decorated: the tracer runs it all the same
-    ("6.1.3", lambda shape, block: [math.ceil(s / b) for s, b in zip(shape, block)]),
-    ("6.2.3", softmax_rows_one_thread),
+    ("6.1.3", lambda shape, block: [math.ceil(shape[1] / block[0]), math.ceil(shape[0] / block[1])]),
+    ("6.2.3", rms_norm_one_thread),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
