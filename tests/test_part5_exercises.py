@@ -232,6 +232,60 @@ def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand
     return Mamba(MambaConfig(d_model, n_layer, vocab_size, d_state=d_state, expand=expand, d_conv=d_conv)).num_parameters()
 
 
+# ---- 5.4 right and wrong answers ------------------------------------------------------------------
+
+
+def masked_accuracy(logits, targets, vocab_size):
+    keep = targets != -1
+    return (logits[..., :vocab_size].argmax(-1) == targets)[keep].mean()
+
+
+def masked_accuracy_all_positions(logits, targets, vocab_size):
+    return (logits[..., :vocab_size].argmax(-1) == targets).mean()
+
+
+def masked_accuracy_with_padding(logits, targets, vocab_size):
+    keep = targets != -1
+    return (logits.argmax(-1) == targets)[keep].mean()
+
+
+def masked_accuracy_by_library(logits, targets, vocab_size):
+    from course.data import masked_accuracy
+    return masked_accuracy(logits, targets, vocab_size)
+
+
+def sequence_accuracy(logits, targets, vocab_size):
+    right = (logits[..., :vocab_size].argmax(-1) == targets) | (targets == -1)
+    return right.all(axis=-1).mean()
+
+
+def sequence_accuracy_per_token(logits, targets, vocab_size):
+    return masked_accuracy(logits, targets, vocab_size)
+
+
+def gpt_count(vocab_size, block_size, n_layer, C):
+    return (vocab_size + block_size) * C + n_layer * (12 * C * C + 13 * C) + 2 * C + vocab_size * C
+
+
+def gpt_width(n_params, vocab_size, block_size, n_layer, n_head):
+    best, C = None, n_head
+    while best is None or gpt_count(vocab_size, block_size, n_layer, C - n_head) < n_params:
+        if best is None or abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params) < \
+                abs(gpt_count(vocab_size, block_size, n_layer, best) - n_params):
+            best = C
+        C += n_head
+    return best
+
+
+def gpt_width_no_biases(n_params, vocab_size, block_size, n_layer, n_head):
+    widths = range(n_head, 4096, n_head)
+    return min(widths, key=lambda C: abs((vocab_size * 2 + block_size) * C + n_layer * 12 * C * C - n_params))
+
+
+def gpt_width_any(n_params, vocab_size, block_size, n_layer, n_head):
+    return min(range(1, 4096), key=lambda C: abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params))
+
+
 CASES = [
     ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
@@ -246,6 +300,9 @@ CASES = [
     ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
     ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
     ("5.3.5", count_parameters, count_parameters_untied, "tied"),
+    ("5.4.1", masked_accuracy, masked_accuracy_all_positions, "every position"),
+    ("5.4.2", sequence_accuracy, sequence_accuracy_per_token, "all its answers"),
+    ("5.4.3", gpt_width, gpt_width_no_biases, "expected n_embd="),
 ]
 
 
@@ -275,9 +332,12 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.3.4", ssm_parameters_swapped, "swapped"),
     ("5.3.5", count_parameters_unpadded, "padded"),
     ("5.3.5", count_parameters_by_library, "write it yourself"),
+    ("5.4.1", masked_accuracy_with_padding, "padding id"),
+    ("5.4.1", masked_accuracy_by_library, "write it yourself"),
+    ("5.4.3", gpt_width_any, "multiple of n_head"),
 ], ids=["5.1.4-no-D", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library", "5.3.1-eps-outside",
         "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
-        "5.3.5-library"])
+        "5.3.5-library", "5.4.1-padding", "5.4.1-library", "5.4.3-not-multiple"])
 def test_near_misses_fail(exercise_id, candidate, named):
     result = check(exercise_id, candidate)
     assert result.status == "failed" and named in result.message, result.message

@@ -6,6 +6,8 @@ for a piece of the library is checked against an independent computation, and wh
 code runs the library's own version is unavailable (see `_without_library`).
 """
 
+import importlib
+import inspect
 import sys
 from contextlib import contextmanager
 
@@ -24,32 +26,37 @@ def _call(candidate, *args, on="", **kwargs):
 
 @contextmanager
 def _without_library(*names):
-    """While the learner's code runs, the course.mamba functions `names` refuse to run.
+    """While the learner's code runs, the library functions `names` refuse to run.
 
     An exercise that asks for a piece of the library must not be passable by calling it. Names
     are looked up from `course.mamba` ("rms_norm", "scan.combine", "Mamba._mixer_step"; a class
-    stands for its constructor). The refusal watches which functions are entered (sys.settrace),
-    so it also catches a reference imported before the check, a method, or a dispatched call.
+    stands for its constructor), or given in full ("course.data.tasks.masked_accuracy"). The
+    refusal watches which functions are entered (sys.settrace), so it also catches a reference
+    imported before the check, a method, or a dispatched call.
     """
-    import inspect
-
     import course.mamba as library
 
     codes = {}
     for name in names:
         obj = library
-        for part in name.split("."):
+        parts = name.split(".")
+        if parts[0] == "course":  # a full path, outside course.mamba: course.data.tasks.masked_accuracy
+            obj = importlib.import_module(".".join(parts[:-1]))
+            parts = parts[-1:]
+        for part in parts:
             obj = getattr(obj, part, None)
         if inspect.isclass(obj):
             obj = obj.__init__
         code = getattr(inspect.unwrap(obj), "__code__", None) if obj is not None else None
         if code is not None:
-            codes[code] = name
+            codes[code] = (name.rsplit(".", 1)[0], name.rsplit(".", 1)[1]) if name.startswith("course.") \
+                else ("course.mamba", name)
 
     def watch(frame, event, arg):
         if event == "call" and frame.f_code in codes:
-            raise CheckFailed(f"your code called course.mamba's {codes[frame.f_code]}: write it yourself, "
-                              f"without course.mamba (that is what the exercise is about)")
+            where, what = codes[frame.f_code]
+            raise CheckFailed(f"your code called {where}'s {what}: write it yourself, without {where} "
+                              f"(that is what the exercise is about)")
         return None
 
     previous = sys.gettrace()
@@ -436,3 +443,102 @@ def _(candidate, rng):
             raise CheckFailed(f"the embedding has padded_vocab_size rows (vocab_size rounded up to a multiple "
                               f"of 8), on {on}")
         expect(got == expected, f"expected {expected:,} parameters, got {got:,} on {on}")
+
+
+
+# ---- 5.4 Mamba against GPT ------------------------------------------------------------------------
+
+
+def _ref_masked(logits, targets, vocab_size):
+    keep = targets != -1
+    return float((logits[..., :vocab_size].argmax(-1)[keep] == targets[keep]).mean())
+
+
+def _task_logits(rng, b, t, V, padded, answer_from):
+    """Random logits (b, t, padded) and targets with -1 before `answer_from`; some answers right."""
+    logits = rng.normal(size=(b, t, padded))
+    targets = np.full((b, t), -1)
+    targets[:, answer_from:] = rng.integers(0, V, (b, t - answer_from))
+    right = rng.random((b, t)) < 0.5
+    rows, cols = np.nonzero(right & (targets != -1))
+    logits[rows, cols, targets[rows, cols]] += 10.0  # these positions predict their target
+    return logits, targets
+
+
+@exercise("5.4.1", hint="keep = targets != -1; the prediction is the argmax over the first vocab_size "
+                        "logits of the last axis; average (prediction == target) over the kept positions only")
+def _(candidate, rng):
+    easy = np.zeros((1, 3, 8))
+    easy[0, 0, 5] = easy[0, 1, 2] = easy[0, 2, 2] = 1.0
+    cases = [(easy, np.array([[-1, 2, 3]]), 8, "logits (1, 3, 8) predicting [5, 2, 2], targets [[-1, 2, 3]]")]
+    padded = np.zeros((1, 2, 8))
+    padded[0, :, 7] = 5.0  # a padding id has the largest logit: it must not count
+    padded[0, 0, 4] = padded[0, 1, 1] = 1.0
+    cases += [(padded, np.array([[4, 3]]), 6, "logits (1, 2, 8) whose largest is at padding id 7, vocab_size=6, "
+                                              "targets [[4, 3]]")]
+    for b, t, a in [(4, 10, 6), (16, 36, 32)]:
+        logits, targets = _task_logits(rng, b, t, 10, 16, a)
+        cases.append((logits, targets, 10, f"random logits {logits.shape}, targets {targets.shape} with -1 "
+                                           f"before position {a}, vocab_size=10"))
+    for logits, targets, V, on in cases:
+        with _without_library("course.data.tasks.masked_accuracy"):
+            got = _call(candidate, logits.copy(), targets.copy(), V, on=on)
+        keep_all = float((logits[..., :V].argmax(-1) == targets).mean())
+        if np.ndim(got) == 0 and np.isclose(float(got), keep_all) and not np.isclose(keep_all, _ref_masked(logits, targets, V)):
+            raise CheckFailed(f"you averaged over every position on {on}: only targets that are not -1 count")
+        expect_close(got, _ref_masked(logits, targets, V), on=on, rtol=1e-9, what="accuracy")
+
+
+def _ref_exact(logits, targets, vocab_size):
+    keep = targets != -1
+    right = (logits[..., :vocab_size].argmax(-1) == targets) | ~keep
+    return float(right.all(axis=-1).mean())
+
+
+@exercise("5.4.2", hint="a sequence counts when every position with a target (not -1) is predicted right: "
+                        "(right | ~keep).all(axis=-1), then the mean over the sequences")
+def _(candidate, rng):
+    cases = []
+    two = np.zeros((2, 3, 4))
+    two[0, 1, 2] = two[0, 2, 3] = 1.0  # row 0: both answers right
+    two[1, 1, 2] = two[1, 2, 0] = 1.0  # row 1: one of two right
+    cases.append((two, np.array([[-1, 2, 3], [-1, 2, 3]]), 4, "2 sequences with answers [2, 3]: one all right, "
+                                                            "one half right"))
+    for b, t, a in [(5, 8, 5), (40, 36, 32)]:
+        logits, targets = _task_logits(rng, b, t, 10, 16, a)
+        cases.append((logits, targets, 10, f"random logits {logits.shape}, targets with -1 before position {a}"))
+    for logits, targets, V, on in cases:
+        got = _call(candidate, logits.copy(), targets.copy(), V, on=on)
+        if np.ndim(got) == 0 and np.isclose(float(got), _ref_masked(logits, targets, V)) and \
+                not np.isclose(_ref_masked(logits, targets, V), _ref_exact(logits, targets, V)):
+            raise CheckFailed(f"that is the accuracy per answer token on {on}; here a sequence counts only "
+                              f"when all its answers are right")
+        expect_close(got, _ref_exact(logits, targets, V), on=on, rtol=1e-9, what="accuracy")
+
+
+def _gpt_count(vocab_size, block_size, n_layer, C):
+    return (vocab_size + block_size) * C + n_layer * (12 * C * C + 13 * C) + 2 * C + vocab_size * C
+
+
+def _ref_width(n_params, vocab_size, block_size, n_layer, n_head):
+    widths = range(n_head, 64 * n_head * 64 + 1, n_head)
+    return min(widths, key=lambda C: (abs(_gpt_count(vocab_size, block_size, n_layer, C) - n_params), C))
+
+
+@exercise("5.4.3", hint="try n_embd = n_head, 2 n_head, 3 n_head, ... and keep the one whose GPT parameter "
+                        "count (lesson 4.3) is closest to n_params (the smaller one on a tie)")
+def _(candidate, rng):
+    cases = [(20_448, 10, 36, 2, 4), (70_080, 65, 64, 2, 4), (1_000_000, 65, 256, 4, 4), (5_000, 10, 36, 1, 2)]
+    cases += [(int(rng.integers(10_000, 400_000)), int(rng.integers(5, 80)), int(rng.integers(8, 128)),
+               int(rng.integers(1, 4)), int(rng.choice([1, 2, 4, 8])))]
+    for n, V, T, L, H in cases:
+        on = f"n_params={n:,}, vocab_size={V}, block_size={T}, n_layer={L}, n_head={H}"
+        got = _call(candidate, n, V, T, L, H, on=on)
+        try:
+            got = int(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(f"expected a whole number, got {got!r} on {on}") from None
+        expect(got > 0 and got % H == 0, f"n_embd={got} is not a positive multiple of n_head={H} on {on}")
+        expected = _ref_width(n, V, T, L, H)
+        expect(got == expected, f"expected n_embd={expected} ({_gpt_count(V, T, L, expected):,} parameters), "
+                                f"got {got} ({_gpt_count(V, T, L, got):,} parameters) on {on}")
