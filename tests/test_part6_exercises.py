@@ -298,6 +298,199 @@ def rms_norm_eps_outside(x, weight, eps, out):
             out[row, j] = x[row, j] * r * weight[j]
 
 
+# ===== 6.3 ===========================================================================================
+
+
+@cuda.jit
+def matmul_bt(a, bt, c):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[col, k]
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_not_transposed(a, bt, c):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[k, col]  # as if bt were B
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_guard_off_by_one(a, bt, c):
+    col, row = cuda.grid(2)
+    if row <= c.shape[0] and col <= c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[col, k]
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx] if row < a.shape[0] and start + tx < a.shape[1] else 0
+        tile_b[ty, tx] = bt[col, start + ty] if col < bt.shape[0] and start + ty < bt.shape[1] else 0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_load_unguarded(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx]
+        tile_b[ty, tx] = bt[col, start + ty]
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_no_zero(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        if row < a.shape[0] and start + tx < a.shape[1]:
+            tile_a[ty, tx] = a[row, start + tx]
+        if col < bt.shape[0] and start + ty < bt.shape[1]:
+            tile_b[ty, tx] = bt[col, start + ty]
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_no_second_barrier(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx] if row < a.shape[0] and start + tx < a.shape[1] else 0
+        tile_b[ty, tx] = bt[col, start + ty] if col < bt.shape[0] and start + ty < bt.shape[1] else 0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+def tiled_reads(m, k, n, tile):
+    return math.ceil(n / tile) * m * k + math.ceil(m / tile) * k * n
+
+
+def tiled_reads_divisible_only(m, k, n, tile):
+    return 2 * m * k * n / tile
+
+
+def naive_reads(m, k, n, tile):
+    return 2 * m * k * n
+
+
+MAX_N = 16
+
+
+@cuda.jit
+def scan_kernel(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+@cuda.jit
+def scan_kernel_state_by_state(u, delta, A, B, C, D, y):
+    # right too: one state number at a time, adding its share into y
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        for t in range(length):
+            y[bi, t, d] = D[d] * u[bi, t, d]
+        for s in range(A.shape[1]):
+            h = 0.0
+            for t in range(length):
+                h = math.exp(delta[bi, t, d] * A[d, s]) * h + delta[bi, t, d] * B[bi, t, s] * u[bi, t, d]
+                y[bi, t, d] += C[bi, t, s] * h
+
+
+@cuda.jit
+def scan_kernel_no_guard(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    bi, d = i // channels, i % channels
+    h = cuda.local.array(MAX_N, float32)
+    for s in range(n):
+        h[s] = 0
+    for t in range(length):
+        dt, x = delta[bi, t, d], u[bi, t, d]
+        acc = D[d] * x
+        for s in range(n):
+            h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+            acc += C[bi, t, s] * h[s]
+        y[bi, t, d] = acc
+
+
+@cuda.jit
+def scan_kernel_forgets_D(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = float32(0)
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
 CASES = [
     ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
     ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
@@ -319,6 +512,16 @@ CASES = [
     ("6.2.3", rms_norm_rows, rms_norm_no_barrier, "a missing barrier"),
     ("6.2.3", rms_norm_rows, rms_norm_one_column_per_thread, "element (0, 32) of out was never written"),
     ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
+    ("6.3.1", matmul_bt, matmul_bt_not_transposed, "out of bounds"),
+    ("6.3.1", matmul_bt, matmul_bt_guard_off_by_one, "out of bounds"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_load_unguarded, "read a[0, 3] out of bounds (a has shape (5, 3))"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_zero, "before any thread of its block wrote it"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_second_barrier, "a missing barrier"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt, "where loading each tile element once takes"),
+    ("6.3.3", tiled_reads, tiled_reads_divisible_only, "expected 72 reads, got 52.5 on a of shape (5, 3)"),
+    ("6.3.3", tiled_reads, naive_reads, "the number of reads of the naive kernel"),
+    ("6.3.4", scan_kernel, scan_kernel_no_guard, "out of bounds"),
+    ("6.3.4", scan_kernel, scan_kernel_forgets_D, "expected y"),
 ]
 
 
@@ -340,7 +543,8 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.1.2", scale.py_func),  # a plain function, not decorated: the tracer runs it all the same
     ("6.1.3", lambda shape, block: [math.ceil(shape[1] / block[0]), math.ceil(shape[0] / block[1])]),
     ("6.2.3", rms_norm_one_thread),
-], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread"])
+    ("6.3.4", scan_kernel_state_by_state),
+], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
@@ -368,3 +572,27 @@ def test_a_crash_in_a_kernel_names_the_thread_and_the_input():
     result = check("6.1.2", broken)
     assert result.status == "failed"
     assert "thread 3 raised NameError" in result.message and "x of length 37" in result.message
+
+
+def test_the_reads_formula_counts_what_the_tracer_records():
+    # the reference of 6.3.3 agrees with the reads the tracer records for the tiled kernel
+    rng = np.random.default_rng(1)
+    for m, k, n in [(5, 3, 7), (8, 8, 8), (1, 9, 2), (6, 5, 4)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        bt = rng.standard_normal((n, k)).astype(np.float32)
+        grid = (math.ceil(n / TILE), math.ceil(m / TILE))
+        report = K.trace(matmul_bt_tiled, grid, (TILE, TILE), a, bt, np.zeros((m, n), np.float32))
+        reads = sum(1 for name in ("a", "bt") for _, acc in report.accesses(name) if acc.kind == "read")
+        assert reads == tiled_reads(m, k, n, TILE)
+
+
+def test_the_scan_reference_matches_course_mamba():
+    from course.exercises.part6 import _scan_reference
+    from course.mamba import selective_scan
+    rng = np.random.default_rng(2)
+    b, l, d, n = 2, 6, 3, 4
+    u, delta = rng.standard_normal((b, l, d)), 0.1 + rng.random((b, l, d))
+    A = -rng.random((d, n)) - 0.5
+    B, C, D = rng.standard_normal((b, l, n)), rng.standard_normal((b, l, n)), rng.standard_normal(d)
+    np.testing.assert_allclose(_scan_reference(u, delta, A, B, C, D), selective_scan(u, delta, A, B, C, D),
+                               rtol=1e-10, atol=1e-12)

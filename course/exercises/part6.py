@@ -21,7 +21,7 @@ import numpy as np
 from ._core import CheckFailed, _NotAttempted, call, exercise, expect, expect_close
 
 TPB = 32  # threads per block in the exercises of 6.2, the size of their shared arrays
-TILE = 4  # the tile of the tiled matmul in 6.3
+TILE = 4  # the tile of the tiled matmul in 6.3 (the blocks are TILE x TILE threads)
 
 
 cuda = None  # numba.cuda, once a check has imported course.kernels (for the kernels written here)
@@ -438,3 +438,103 @@ def _(candidate, rng):
         on = f"{on}, one block of {TPB} threads per row"
         _run(candidate, x.shape[0], TPB, (x, w, eps, out), on, outputs=("out",))
         expect_close(out, _rms_norm_rows(x, w, 1e-5), on=on, rtol=1e-4, atol=1e-5, what="out")
+
+
+# ===== 6.3 matrix multiplication ===================================================================
+
+
+def _matmul_cases(rng):
+    # (m, k, n): awkward shapes, a single row, a single column, and one multiple of the tile
+    return [(5, 3, 7), (1, 4, 1), (8, 8, 8), (3, 9, 2), (6, 1, 5),
+            (int(rng.integers(1, 10)), int(rng.integers(1, 10)), int(rng.integers(1, 10)))]
+
+
+@exercise("6.3.1", hint="with col, row = cuda.grid(2), c[row, col] is the dot product of row `row` of a with "
+                        "row `col` of bt (bt is B transposed: B's column col is bt's row col); guard both")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    for m, k, n in _matmul_cases(rng):
+        a, bt = _f32(m, k, rng=rng), _f32(n, k, rng=rng)
+        c = np.zeros((m, n), np.float32)
+        grid = _grid2((m, n), (TILE, TILE))
+        on = f"a of shape {(m, k)}, bt of shape {(n, k)}, a grid of {grid} blocks of {(TILE, TILE)} threads"
+        _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
+        expect_close(c, a.astype(np.float64) @ bt.T.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
+
+
+def _tiled_reads(m, k, n, tile):
+    """Global reads of a (m, k) @ (k, n) tiled product with tile x tile blocks, x along the columns.
+
+    Every block loads each of its tiles once, one element per thread, and only the elements
+    inside the matrices: a block column reads all of A once, a block row all of B once."""
+    return -(-n // tile) * m * k + -(-m // tile) * k * n
+
+
+@exercise("6.3.2", hint="thread (tx, ty) loads one element of each tile: tile_a[ty, tx] from row `row` of a, "
+                        "column start + tx; tile_b[ty, tx] from bt's row `col`, column start + ty (that is "
+                        "b[start + ty, col]); 0 where that element is outside the matrix")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    for m, k, n in _matmul_cases(rng):
+        a, bt = _f32(m, k, rng=rng), _f32(n, k, rng=rng)
+        c = np.zeros((m, n), np.float32)
+        grid = _grid2((m, n), (TILE, TILE))
+        on = f"a of shape {(m, k)}, bt of shape {(n, k)}, a grid of {grid} blocks of {(TILE, TILE)} threads"
+        report = _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
+        expect_close(c, a.astype(np.float64) @ bt.T.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
+        reads = sum(1 for name in ("a", "bt") for _, acc in report.accesses(name) if acc.kind == "read")
+        expected = _tiled_reads(m, k, n, TILE)
+        expect(reads <= expected, f"your kernel read a and bt {reads} times from global memory, where loading "
+                                  f"each tile element once takes {expected}, on {on}: read them only in the "
+                                  f"tile load, and compute from the tiles")
+
+
+@exercise("6.3.3", hint="each block loads its tiles one element per thread, only the elements inside the "
+                        "matrices: every block in a column of blocks reads all of its rows of A; how many "
+                        "block columns are there? And the same for B with the block rows")
+def _(candidate, rng):
+    cases = [(8, 8, 8, 4), (5, 3, 7, 4), (16, 16, 16, 8), (1, 1, 1, 4), (3, 10, 2, 2), (64, 32, 48, 16)]
+    cases += [tuple(int(v) for v in rng.integers(1, 40, size=3)) + (int(rng.choice([2, 4, 8])),) for _ in range(3)]
+    for m, k, n, tile in cases:
+        on = f"a of shape {(m, k)}, b of shape {(k, n)}, tile={tile}"
+        got = _call(candidate, m, k, n, tile, on=on)
+        expected = _tiled_reads(m, k, n, tile)
+        try:
+            value = float(got)
+        except (TypeError, ValueError):
+            raise CheckFailed(f"expected a number of reads, got {got!r} on {on}") from None
+        if value == 2 * m * k * n != expected:
+            raise CheckFailed(f"{int(value)} is the number of reads of the naive kernel, on {on}")
+        expect(value == expected, f"expected {expected} reads, got {got!r} on {on}")
+
+
+def _scan_reference(u, delta, A, B, C, D):
+    """mamba-minimal's selective scan, step by step in float64."""
+    b, l, d = u.shape
+    h = np.zeros((b, d, A.shape[1]))
+    y = np.zeros((b, l, d))
+    for t in range(l):
+        dt = delta[:, t, :, None].astype(np.float64)
+        h = np.exp(dt * A) * h + dt * B[:, t, None, :] * u[:, t, :, None]
+        y[:, t] = (h * C[:, t, None, :]).sum(-1) + D * u[:, t]
+    return y
+
+
+@exercise("6.3.4", hint="thread i = cuda.grid(1) owns sequence i // d_in, channel i % d_in (guard i < b * d_in); "
+                        "it keeps its n state numbers in cuda.local.array and walks forward in time: "
+                        "h = exp(delta A) h + delta B u, then y = <C, h> + D u")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    cases = [(1, 1, 1, 1), (2, 5, 3, 4), (1, 7, 5, 2), (3, 4, 2, 16)]
+    cases += [tuple(int(v) for v in rng.integers(1, 6, size=4))]
+    for b, l, d, n in cases:
+        u = _f32(b, l, d, rng=rng)
+        delta = (0.05 + 0.5 * rng.random((b, l, d))).astype(np.float32)
+        A = (-np.tile(np.arange(1, n + 1), (d, 1)) * (0.5 + rng.random((d, 1)))).astype(np.float32)
+        B, C = _f32(b, l, n, rng=rng), _f32(b, l, n, rng=rng)
+        D = _f32(d, rng=rng)
+        y = np.zeros((b, l, d), np.float32)
+        blocks = -(-(b * d) // TPB)
+        on = f"b={b}, l={l}, d_in={d}, n={n}, {blocks} block(s) of {TPB} threads"
+        _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=("y",))
+        expect_close(y, _scan_reference(u, delta, A, B, C, D), on=on, rtol=1e-4, atol=1e-5, what="y")
