@@ -194,3 +194,50 @@ def test_draw_colours_elements_by_thread(rng):
     texts = [t.get_text() for t in ax.texts]
     assert texts[:2] == ["0", "1"] and texts[8] == "0"  # element 8 is thread 0 of block 1
     plt.close(ax.figure)
+
+
+def _library_launches(rng):
+    """Each kernel of course.kernels with small arguments and an awkward launch: (kernel, grid, block, args)."""
+    from course.kernels import basics, rows, scan
+
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    x, g = f(2, 19), f(2, 19)
+    mean, rstd = x.mean(1).astype(np.float32), (1 / x.std(1)).astype(np.float32)
+    u, delta = f(2, 3, 5), np.abs(f(2, 3, 5))
+    A, B, C, D = -np.abs(f(5, 2)), f(2, 3, 2), f(2, 3, 2), f(5)
+    states = z(2, 3, 5, 2)
+    return {
+        "softmax": (rows.softmax_kernel, 2, 8, (x, z(2, 19))),
+        "softmax_backward": (rows.softmax_backward_kernel, 2, 8, (np.abs(x), g, z(2, 19))),
+        "layer_norm": (rows.layer_norm_kernel, 2, 8, (x, f(19), f(19), np.float32(1e-5), z(2, 19), z(2), z(2))),
+        "layer_norm_backward": (rows.layer_norm_backward_kernel, 2, 8, (x, f(19), mean, rstd, g, z(2, 19))),
+        "layer_norm_params_backward": (rows.layer_norm_params_backward_kernel, 3, 8, (x, mean, rstd, g, z(19), z(19))),
+        "matmul_tiled": (K.matmul_tiled_kernel, (1, 2), (K.TILE, K.TILE), (f(K.TILE + 1, 3), f(3, 2), z(K.TILE + 1, 2))),
+        "matmul_naive": (K.matmul_naive_kernel, (1, 2), (4, 4), (f(5, 3), f(3, 2), z(5, 2))),
+        "column_sum": (basics.column_sum_kernel, 2, 8, (x, z(19))),
+        "add_row": (basics.add_row_kernel, (3, 1), (8, 2), (x.copy(), f(19))),
+        "selective_scan": (scan.selective_scan_kernel, 2, 8, (u, delta, A, B, C, D, z(2, 3, 5), states, True)),
+        "selective_scan_backward": (scan.selective_scan_backward_kernel, 2, 8,
+                                    (f(2, 3, 5), u, delta, A, B, C, D, f(2, 3, 5, 2), z(2, 3, 5), z(2, 3, 5),
+                                     z(2, 5, 2), z(2, 3, 2), z(2, 3, 2), z(2, 5))),
+    }
+
+
+@pytest.mark.parametrize("name", list(_library_launches(np.random.default_rng(0))))
+def test_every_library_kernel_is_clean_under_the_tracer(rng, name):
+    kernel, grid, block, args = _library_launches(rng)[name]
+    report = K.trace(kernel, grid, block, *args)
+    assert not report.races, report.summary()
+    assert not report.out_of_bounds, report.summary()
+
+
+def test_traced_kernels_compute_what_the_launch_computes(rng):
+    launches = _library_launches(rng)
+    kernel, grid, block, (x, out) = launches["softmax"]
+    K.trace(kernel, grid, block, x, out)
+    np.testing.assert_allclose(out, K.softmax(x), rtol=1e-5, atol=1e-7)
+    kernel, grid, block, (a, b, c) = launches["matmul_tiled"]
+    report = K.trace(kernel, grid, block, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-6)
+    assert report.phases() == 3  # load, multiply (one tile of k), then the last barrier

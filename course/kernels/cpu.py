@@ -1,7 +1,10 @@
-"""The same operations on the CPU, compiled by Numba (`@njit`), in parallel over rows (`prange`).
+"""The same operations on the CPU, compiled by Numba (`@njit`).
 
-These are the CPU twins of the CUDA kernels: the same algorithms, where a GPU block becomes a
-loop iteration that `prange` hands to one of the CPU's threads. They work in float32 and float64.
+These are the CPU twins of the CUDA kernels: the same algorithms, where a GPU block becomes an
+iteration of a loop. The two heavy ones, the matrix product and the scan, run their outer loop
+with `prange`, which hands the iterations to the CPU's threads; the others read each number once
+or twice, so memory, not arithmetic, sets their speed, and they stay on one thread (each parallel
+loop also costs seconds of compilation). They work in float32 and float64.
 
 The matrix product is the interesting one. A CPU core is fast when (1) it multiplies 8 or 16
 numbers at once with one vector instruction, and (2) the numbers come from its small caches
@@ -19,9 +22,9 @@ from .launch import count
 # ----- elementwise and sums ---------------------------------------------------------------------------
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _vector_add(a, b, out):
-    for i in prange(out.size):
+    for i in range(out.size):
         out[i] = a[i] + b[i]
 
 
@@ -80,9 +83,9 @@ def reduce_rows(x):
     return out.reshape(x.shape[1:])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _add_row(x, row):
-    for i in prange(x.shape[0]):
+    for i in range(x.shape[0]):
         for j in range(x.shape[1]):
             x[i, j] += row[j]
 
@@ -99,9 +102,9 @@ def add_row(x, row):
 
 
 # ----- softmax and layer norm over rows ------------------------------------------------------------------
-@njit(cache=True, parallel=True)  # no fastmath: it would assume no infinities, and masks use -inf
+@njit(cache=True)  # no fastmath: it would assume no infinities, and masks use -inf
 def _softmax(x, out):
-    for r in prange(x.shape[0]):
+    for r in range(x.shape[0]):
         m = x[r, 0]
         for j in range(1, x.shape[1]):
             m = max(m, x[r, j])
@@ -115,9 +118,9 @@ def _softmax(x, out):
             out[r, j] *= inv
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def _softmax_backward(s, g, dx):
-    for r in prange(s.shape[0]):
+    for r in range(s.shape[0]):
         dot = s.dtype.type(0)
         for j in range(s.shape[1]):
             dot += g[r, j] * s[r, j]
@@ -152,10 +155,10 @@ def softmax_backward(s, g):
     return dx
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def _layer_norm(x, weight, bias, eps, out, mean, rstd):
     n = x.shape[1]
-    for r in prange(x.shape[0]):
+    for r in range(x.shape[0]):
         s = x.dtype.type(0)
         for j in range(n):
             s += x[r, j]
@@ -171,10 +174,10 @@ def _layer_norm(x, weight, bias, eps, out, mean, rstd):
         rstd[r] = rs
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def _layer_norm_backward(x, weight, mean, rstd, g, dx):
     n = x.shape[1]
-    for r in prange(x.shape[0]):
+    for r in range(x.shape[0]):
         mu, rs = mean[r], rstd[r]
         s1 = x.dtype.type(0)
         s2 = x.dtype.type(0)
@@ -188,17 +191,15 @@ def _layer_norm_backward(x, weight, mean, rstd, g, dx):
             dx[r, j] = rs * (g[r, j] * weight[j] - s1 - (x[r, j] - mu) * rs * s2)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def _layer_norm_params_backward(x, mean, rstd, g, dweight, dbias):
-    # Columns in parallel (each thread owns its sums), rows in the inner loop.
-    for j in prange(x.shape[1]):
-        sw = x.dtype.type(0)
-        sb = x.dtype.type(0)
-        for r in range(x.shape[0]):
-            sw += g[r, j] * (x[r, j] - mean[r]) * rstd[r]
-            sb += g[r, j]
-        dweight[j] = sw
-        dbias[j] = sb
+    # Sums down the columns, read row after row (in memory order), as in _column_sum.
+    dweight[:] = 0
+    dbias[:] = 0
+    for r in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            dweight[j] += g[r, j] * (x[r, j] - mean[r]) * rstd[r]
+            dbias[j] += g[r, j]
 
 
 def _params(weight, bias, n, dtype):
@@ -358,7 +359,9 @@ def _scan(u, delta, A, B, C, D, y, states, keep):
                     acc += C[bi, t, s] * h[d, s]
                 y[bi, t, d] = acc
             if keep:
-                states[bi, t] = h
+                for d in range(channels):
+                    for s in range(n):
+                        states[bi, t, d, s] = h[d, s]
 
 
 @njit(cache=True, parallel=True, fastmath=True)
