@@ -96,7 +96,7 @@ def test_reduction_without_barrier_races(rng):
     report = K.trace(sum_without_barrier, 2, 16, x, np.zeros(2, np.float32))
     assert report.races and not report.out_of_bounds
     race = report.races[0]
-    assert race.array == "cache" and race.phase == 1
+    assert race.array == "cache" and race.phase == 1 and report.shared_arrays == ["cache"]
     kinds = {race.first[2], race.second[2]}
     assert "write" in kinds and race.first[:2] != race.second[:2]
     assert "race on cache[" in str(race) and "of block 0" in str(race)

@@ -379,7 +379,13 @@ class TraceReport:
         self.races = self._find_races()
 
     def describe(self, block, thread):
+        """A thread in words: "thread 3 of block 1" (indices as the launch gave them)."""
         return self._t.describe(block, thread)
+
+    @property
+    def shared_arrays(self):
+        """The names of the shared-memory arrays the kernel made (one copy per block)."""
+        return sorted(set(self._t.shared_names.values()))
 
     def _name(self, array):
         if isinstance(array, str):
