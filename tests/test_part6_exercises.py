@@ -10,6 +10,7 @@ import pytest
 import course.kernels as K
 from course.exercises import check
 from course.kernels import cuda
+from course.tensor import operation
 
 from numba import float32  # noqa: E402  (after course.kernels, which chooses the CUDA backend)
 
@@ -491,6 +492,100 @@ def scan_kernel_forgets_D(u, delta, A, B, C, D, y):
             y[bi, t, d] = acc
 
 
+# ===== 6.4 ===========================================================================================
+
+
+@cuda.jit
+def softmax_backward_rows(s, g, dx):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    dot = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        dot += g[row, j] * s[row, j]
+    cache[t] = dot
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    dot = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (g[row, j] - dot)
+
+
+@cuda.jit
+def softmax_backward_elementwise(s, g, dx):
+    # the diagonal of the Jacobian only: forgets that every output depends on every input
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (1 - s[row, j]) * g[row, j]
+
+
+@cuda.jit
+def softmax_backward_no_barrier(s, g, dx):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    dot = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        dot += g[row, j] * s[row, j]
+    cache[t] = dot
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    dot = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (g[row, j] - dot)
+
+
+def kernel_relu(x, forward_kernel, backward_kernel):
+    blocks = (x.data.size + 31) // 32
+    out = np.empty_like(x.data)
+    forward_kernel[blocks, 32](x.data, out)
+
+    def backward(g):
+        dx = np.empty_like(x.data)
+        backward_kernel[blocks, 32](x.data, np.ascontiguousarray(g, dtype=x.data.dtype), dx)
+        return dx
+
+    return operation("kernel_relu", out, (x,), backward)
+
+
+def kernel_relu_forgot_return(x, forward_kernel, backward_kernel):
+    kernel_relu(x, forward_kernel, backward_kernel)
+
+
+def kernel_relu_one_block(x, forward_kernel, backward_kernel):
+    out = np.empty_like(x.data)
+    forward_kernel[1, 32](x.data, out)
+
+    def backward(g):
+        dx = np.empty_like(x.data)
+        backward_kernel[1, 32](x.data, g, dx)
+        return dx
+
+    return operation("kernel_relu", out, (x,), backward)
+
+
+def kernel_relu_numpy(x, forward_kernel, backward_kernel):
+    return operation("kernel_relu", np.maximum(x.data, 0), (x,), lambda g: g * (x.data > 0))
+
+
+def matmul_backward(a, b, g, matmul):
+    return matmul(g, b.T), matmul(a.T, g)
+
+
+def matmul_backward_no_transpose(a, b, g, matmul):
+    return matmul(g, b), matmul(a, g)
+
+
+def matmul_backward_numpy(a, b, g, matmul):
+    return g @ b.T, a.T @ g
+
+
 CASES = [
     ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
     ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
@@ -522,6 +617,13 @@ CASES = [
     ("6.3.3", tiled_reads, naive_reads, "the number of reads of the naive kernel"),
     ("6.3.4", scan_kernel, scan_kernel_no_guard, "out of bounds"),
     ("6.3.4", scan_kernel, scan_kernel_forgets_D, "expected y"),
+    ("6.4.1", softmax_backward_rows, softmax_backward_elementwise, "expected dx"),
+    ("6.4.1", softmax_backward_rows, softmax_backward_no_barrier, "a missing barrier"),
+    ("6.4.2", kernel_relu, kernel_relu_forgot_return, "did it forget `return`"),
+    ("6.4.2", kernel_relu, kernel_relu_one_block, "element 32 of out was never written"),
+    ("6.4.2", kernel_relu, kernel_relu_numpy, "never launched forward_kernel"),
+    ("6.4.3", matmul_backward, matmul_backward_no_transpose, "do not fit"),
+    ("6.4.3", matmul_backward, matmul_backward_numpy, "make both products with the matmul you are given"),
 ]
 
 
@@ -549,8 +651,10 @@ def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
 
-def test_the_library_kernel_is_refused():
-    result = check("6.2.2", K.reduce_sum_kernel)
+@pytest.mark.parametrize("exercise_id,kernel", [("6.2.2", K.reduce_sum_kernel),
+                                                ("6.4.1", K.rows.softmax_backward_kernel)])
+def test_the_library_kernel_is_refused(exercise_id, kernel):
+    result = check(exercise_id, kernel)
     assert result.status == "failed" and "course's own" in result.message
 
 

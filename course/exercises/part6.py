@@ -538,3 +538,139 @@ def _(candidate, rng):
         on = f"b={b}, l={l}, d_in={d}, n={n}, {blocks} block(s) of {TPB} threads"
         _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=("y",))
         expect_close(y, _scan_reference(u, delta, A, B, C, D), on=on, rtol=1e-4, atol=1e-5, what="y")
+
+
+# ===== 6.4 kernels in the engine ===================================================================
+
+
+def _softmax_backward_reference(s, g):
+    s, g = s.astype(np.float64), g.astype(np.float64)
+    return s * (g - (g * s).sum(axis=1, keepdims=True))
+
+
+@exercise("6.4.1", hint="dx = s * (g - <g, s>) row by row: the block first adds up g * s over its row (each "
+                        "thread its columns t, t + blockDim, ..., then a tree in shared memory with barriers), "
+                        "then every thread writes its own columns of dx")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    cases = [(np.array([[0.2, 0.3, 0.5]]), np.array([[1.0, 0.0, 0.0]]), "s=[[0.2, 0.3, 0.5]], g=[[1, 0, 0]]"),
+             (np.array([[0.5, 0.5], [0.1, 0.9]]), np.array([[1.0, 1.0], [2.0, -1.0]]),
+              "s=[[0.5, 0.5], [0.1, 0.9]], g=[[1, 1], [2, -1]] (a constant g gives dx = 0)")]
+    for shape in [(3, 45), (2, 7), (4, 1)]:
+        z = rng.standard_normal(shape) * 2
+        s = np.exp(z - z.max(axis=1, keepdims=True))
+        cases.append((s / s.sum(axis=1, keepdims=True), rng.standard_normal(shape), f"random rows of shape {shape}"))
+    for s, g, on in cases:
+        s, g = s.astype(np.float32), g.astype(np.float32)
+        dx = np.zeros_like(s)
+        on = f"{on}, one block of {TPB} threads per row"
+        _run(candidate, s.shape[0], TPB, (s, g, dx), on, outputs=("dx",))
+        expect_close(dx, _softmax_backward_reference(s, g), on=on, rtol=1e-4, atol=1e-6, what="dx")
+
+
+class _WatchedKernel:
+    """Stands in for a kernel the learner launches: each launch `k[grid, block](*args)` runs on the
+    tracer (which follows every thread), and is remembered, so the check can say what went wrong."""
+
+    def __init__(self, fn, name, output):
+        self.py_func, self.__name__, self.output = fn, name, output
+        self.launches = []
+
+    def __getitem__(self, config):
+        if not (isinstance(config, tuple) and len(config) == 2):
+            raise CheckFailed(f"launch {self.__name__} as {self.__name__}[blocks, threads_per_block](...)")
+        grid, block = config
+
+        def launch(*args):
+            K = _kernels()
+            host = []
+            for a in args:
+                if hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray):
+                    raise CheckFailed(f"pass NumPy arrays to {self.__name__} (numba copies them to the GPU and "
+                                      f"back); the check follows what each thread does with them")
+                host.append(a)
+            try:
+                report = K.trace(self.py_func, grid, block, *host)
+            except ValueError as err:
+                raise CheckFailed(f"{self.__name__} could not be launched: {err}") from None
+            self.launches.append((grid, block))
+            on = f"your launch {self.__name__}[{grid}, {block}] on an array of shape {np.shape(host[0])}"
+            _out_of_bounds(report, on)
+            _unwritten(report, self.output, on)
+
+        return launch
+
+
+def _relu_forward(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = x[i] if x[i] > 0 else 0
+
+
+def _relu_backward(x, g, dx):
+    i = cuda.grid(1)
+    if i < x.size:
+        dx[i] = g[i] if x[i] > 0 else 0
+
+
+@exercise("6.4.2", hint="launch forward_kernel on x.data into a new output array, and give operation(...) a "
+                        "backward(g) that launches backward_kernel into a new gradient array and returns it; "
+                        "enough blocks for every element")
+def _(candidate, rng):
+    from ..tensor import Tensor
+    _kernels()
+    cases = [(np.array([-1.0, 2.0, 0.5, -3.0]), "x=[-1, 2, 0.5, -3]"),
+             (rng.standard_normal(37), "random x of length 37"),
+             (rng.standard_normal(100), "random x of length 100")]
+    for data, on in cases:
+        data = data.astype(np.float32)
+        forward = _WatchedKernel(_relu_forward, "forward_kernel", "out")
+        backward = _WatchedKernel(_relu_backward, "backward_kernel", "dx")
+        x = Tensor(data.copy(), requires_grad=True)
+        y = _call(candidate, x, forward, backward, on=on)
+        if not isinstance(y, Tensor):
+            raise CheckFailed(f"expected a Tensor (made with operation(...)), got {type(y).__name__} on {on}")
+        expect(y.op == "kernel_relu", f"the result's operation is named {y.op!r}, expected 'kernel_relu' on {on}")
+        expect(forward.launches, f"your function never launched forward_kernel on {on}")
+        expect_close(y.data, np.maximum(data, 0), on=on, rtol=0, atol=0, what="forward result")
+        g = rng.standard_normal(data.shape).astype(np.float32)
+        try:
+            y.backward(g)
+        except CheckFailed:
+            raise
+        except Exception as err:
+            raise CheckFailed(f"y.backward(g) raised {type(err).__name__}: {err} on {on}") from None
+        expect(backward.launches, f"the backward never launched backward_kernel on {on}")
+        expect(x.grad is not None, f"x.grad is None after y.backward(g) on {on}: pass x among the inputs of operation")
+        expect_close(x.grad, np.where(data > 0, g, 0), on=on, rtol=0, atol=0, what="x.grad")
+
+
+class _CountingMatmul:
+    """The matmul the learner is handed: a product of two matrices that says when shapes do not fit."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        self.calls += 1
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise CheckFailed(f"matmul got shapes {a.shape} and {b.shape}, which do not fit: the inner "
+                              f"dimensions must be equal (a transpose missing, or the order swapped?)")
+        return a @ b
+
+
+@exercise("6.4.3", hint="C = A B gives dA = dC B^T and dB = A^T dC: check the shapes, dA has A's shape and dB "
+                        "has B's; make both with the matmul you are given")
+def _(candidate, rng):
+    for m, k, n in [(2, 3, 4), (1, 5, 1), (3, 3, 3), (4, 1, 2)]:
+        a, b, g = rng.standard_normal((m, k)), rng.standard_normal((k, n)), rng.standard_normal((m, n))
+        on = f"a of shape {(m, k)}, b of shape {(k, n)}, g of shape {(m, n)}"
+        mm = _CountingMatmul()
+        got = _call(candidate, a.copy(), b.copy(), g.copy(), mm, on=on)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise CheckFailed(f"expected a pair (da, db), got {type(got).__name__} on {on}")
+        expect_close(got[0], g @ b.T, on=on, rtol=1e-10, atol=1e-12, what="da")
+        expect_close(got[1], a.T @ g, on=on, rtol=1e-10, atol=1e-12, what="db")
+        expect(mm.calls >= 2, f"make both products with the matmul you are given (it ran {mm.calls} time(s)) "
+                              f"on {on}: that is what puts the backward on the kernels")
