@@ -21,8 +21,9 @@ def forgot_return(*args, **kwargs):
 
 
 def discretize_zoh(A, B, delta):
-    A_bar = np.exp(delta * A)
-    return A_bar, (A_bar - 1) / (delta * A) * (delta * B)
+    safe = np.where(A == 0, 1.0, A)
+    factor = np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe))  # its limit, 1, where A = 0
+    return np.exp(delta * A), factor * delta * B
 
 
 def discretize_mamba(delta, A, B, u):
@@ -33,12 +34,12 @@ def ssm_kernel(A_bar, B_bar, C, L):
     return (A_bar[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
 
 
-def ssm_recurrence(A_bar, B_bar, C, D, u):
-    x, y = np.zeros_like(A_bar), []
+def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
+    x, y = x0, []
     for u_k in u:
         x = A_bar * x + B_bar * u_k
         y.append(C @ x + D * u_k)
-    return y  # a list is fine
+    return y, x  # a list is fine
 
 
 # ---- 5.1 wrong answers -------------------------------------------------------------------------------
@@ -46,6 +47,11 @@ def ssm_recurrence(A_bar, B_bar, C, D, u):
 
 def zoh_simple_b(A, B, delta):
     return np.exp(delta * A), delta * B
+
+
+def zoh_nan_at_zero(A, B, delta):
+    A_bar = np.exp(delta * A)
+    return A_bar, (A_bar - 1) / (delta * A) * (delta * B)
 
 
 def mamba_with_zoh(delta, A, B, u):
@@ -58,16 +64,20 @@ def kernel_from_one(A_bar, B_bar, C, L):
     return (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * B_bar)
 
 
-def recurrence_reads_old_state(A_bar, B_bar, C, D, u):
-    x, y = np.zeros_like(A_bar), []
+def recurrence_reads_old_state(A_bar, B_bar, C, D, u, x0):
+    x, y = x0, []
     for u_k in u:
         y.append(C @ x + D * u_k)
         x = A_bar * x + B_bar * u_k
-    return np.array(y)
+    return np.array(y), x
 
 
-def recurrence_without_d(A_bar, B_bar, C, D, u):
-    return np.array(ssm_recurrence(A_bar, B_bar, C, 0.0, u))
+def recurrence_without_d(A_bar, B_bar, C, D, u, x0):
+    return ssm_recurrence(A_bar, B_bar, C, 0.0, u, x0)
+
+
+def recurrence_from_zero(A_bar, B_bar, C, D, u, x0):
+    return ssm_recurrence(A_bar, B_bar, C, D, u, np.zeros_like(x0))
 
 
 # ---- 5.2 right and wrong answers ------------------------------------------------------------------
@@ -78,8 +88,19 @@ def combine(first, second):
     return a1 * a2, a2 * b1 + b2
 
 
-def combine_wrong_order(first, second):
-    return combine(second, first)
+def combine_affine(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A2 @ A1, A2 @ b1 + b2
+
+
+def combine_affine_wrong_order(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A1 @ A2, A2 @ b1 + b2
+
+
+def combine_affine_offset_wrong(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A2 @ A1, A1 @ b2 + b1
 
 
 def scan_step(x, u_t, delta_t, A, B_t, C_t, D):
@@ -92,22 +113,26 @@ def scan_step_old_state(x, u_t, delta_t, A, B_t, C_t, D):
     return x_new, np.einsum("bdn,bn->bd", x, C_t) + D * u_t
 
 
-def selective_scan_sequential(u, delta, A, B, C, D):
-    x = np.zeros((u.shape[0], u.shape[2], A.shape[1]))
+def selective_scan_from(u, delta, A, B, C, D, h0):
+    h = h0
     ys = []
     for k in range(u.shape[1]):
-        x, y = scan_step(x, u[:, k], delta[:, k], A, B[:, k], C[:, k], D)
+        h, y = scan_step(h, u[:, k], delta[:, k], A, B[:, k], C[:, k], D)
         ys.append(y)
-    return np.stack(ys, axis=1)
+    return np.stack(ys, axis=1), h
 
 
-def selective_scan_without_d(u, delta, A, B, C, D):
-    return selective_scan_sequential(u, delta, A, B, C, np.zeros_like(D))
+def selective_scan_without_d(u, delta, A, B, C, D, h0):
+    return selective_scan_from(u, delta, A, B, C, np.zeros_like(D), h0)
 
 
-def selective_scan_by_library(u, delta, A, B, C, D):
+def selective_scan_from_zero(u, delta, A, B, C, D, h0):
+    return selective_scan_from(u, delta, A, B, C, D, np.zeros_like(h0))
+
+
+def selective_scan_by_library(u, delta, A, B, C, D, h0):
     from course.mamba import selective_scan
-    return selective_scan(u, delta, A, B, C, D)
+    return selective_scan(u, delta, A, B, C, D), h0
 
 
 def combine_by_library(first, second):
@@ -291,9 +316,9 @@ CASES = [
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
     ("5.1.3", ssm_kernel, kernel_from_one, "starts at A_bar**1"),
     ("5.1.4", ssm_recurrence, recurrence_reads_old_state, "before the update"),
-    ("5.2.1", combine, combine_wrong_order, "second applied first"),
+    ("5.2.1", combine_affine, combine_affine_wrong_order, "wrong order"),
     ("5.2.2", scan_step, scan_step_old_state, "old state"),
-    ("5.2.3", selective_scan_sequential, selective_scan_without_d, "skip term"),
+    ("5.2.3", selective_scan_from, selective_scan_without_d, "skip term"),
     ("5.2.4", parallel_scan, scan_one_by_one, "log-depth scan"),
     ("5.3.1", rms_norm, rms_norm_layer_norm, "LayerNorm"),
     ("5.3.2", causal_conv1d, causal_conv1d_reversed, "reversed"),
@@ -320,6 +345,10 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
 
 @pytest.mark.parametrize("exercise_id,candidate,named", [
     ("5.1.4", recurrence_without_d, "skip term"),
+    ("5.1.4", recurrence_from_zero, "ignore x0"),
+    ("5.1.1", zoh_nan_at_zero, "nan where A = 0"),
+    ("5.2.1", combine_affine_offset_wrong, "second applied first"),
+    ("5.2.3", selective_scan_from_zero, "zero state"),
     ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), "deltaA"),
     ("5.2.1", combine_by_library, "write it yourself"),
     ("5.2.3", selective_scan_by_library, "write it yourself"),
@@ -335,7 +364,7 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.4.1", masked_accuracy_with_padding, "padding id"),
     ("5.4.1", masked_accuracy_by_library, "write it yourself"),
     ("5.4.3", gpt_width_any, "multiple of n_head"),
-], ids=["5.1.4-no-D", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library", "5.3.1-eps-outside",
+], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library", "5.3.1-eps-outside",
         "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
         "5.3.5-library", "5.4.1-padding", "5.4.1-library", "5.4.3-not-multiple"])
 def test_near_misses_fail(exercise_id, candidate, named):
@@ -354,8 +383,8 @@ def test_other_right_answers_pass(exercise_id, candidate):
 def test_library_refused_even_when_imported_before_the_check():
     from course.mamba import selective_scan as scan  # bound before the check, as a notebook's import cell does
 
-    def candidate(u, delta, A, B, C, D):
-        return scan(u, delta, A, B, C, D)
+    def candidate(u, delta, A, B, C, D, h0):
+        return scan(u, delta, A, B, C, D), h0
 
     result = check("5.2.3", candidate)
     assert result.status == "failed" and "write it yourself" in result.message

@@ -91,24 +91,34 @@ def _same(got, expected, rtol=1e-7, atol=1e-10):
 
 def _ref_zoh(A, B, delta):
     A_bar = np.exp(delta * A)
-    return A_bar, np.expm1(delta * A) / A * B  # (delta A)^-1 (exp(delta A) - 1) delta B, elementwise
+    factor = np.ones_like(A, dtype=np.float64)  # (exp(delta A) - 1) / (delta A), which tends to 1 as A -> 0
+    nonzero = A != 0
+    factor[nonzero] = np.expm1(delta * A[nonzero]) / (delta * A[nonzero])
+    return A_bar, factor * delta * B
 
 
-@exercise("5.1.1", hint="both act entry by entry for a diagonal A: A_bar = exp(delta A), and B_bar is "
-                        "delta B times (exp(delta A) - 1) / (delta A)")
+@exercise("5.1.1", hint="entry by entry: A_bar = exp(delta A) and B_bar = delta B (exp(delta A) - 1) / (delta A); "
+                        "where A is 0 that factor is 0/0, and its limit as A -> 0 is 1 (np.where, or a mask)")
 def _(candidate, rng):
     cases = [(np.array([-1.0]), np.array([1.0]), 0.5, "A=[-1], B=[1], delta=0.5"),
              (np.array([-0.5, -2.0]), np.array([1.0, 3.0]), 0.1, "A=[-0.5, -2], B=[1, 3], delta=0.1"),
-             (np.array([-1.0, -4.0]), np.array([2.0, -1.0]), 2.0, "A=[-1, -4], B=[2, -1], delta=2 (a large step)")]
-    cases += [(-rng.uniform(0.1, 5, size=6), rng.normal(size=6), float(rng.uniform(0.01, 1)),
-               "random A (6,), B (6,) and delta")]
+             (np.array([-1.0, -4.0]), np.array([2.0, -1.0]), 2.0, "A=[-1, -4], B=[2, -1], delta=2 (a large step)"),
+             (np.array([0.0, -1.0]), np.array([1.0, 1.0]), 0.5, "A=[0, -1] (a pure integrator), B=[1, 1], delta=0.5")]
+    A = -rng.uniform(0.1, 5, size=6)
+    A[[1, 4]] = 0.0
+    cases += [(A, rng.normal(size=6), float(rng.uniform(0.01, 1)), "random A (6,) with two zeros, B (6,) and delta")]
     for A, B, delta, on in cases:
-        got = _pair(_call(candidate, A.copy(), B.copy(), delta, on=on), on, "(A_bar, B_bar)")
+        with np.errstate(divide="ignore", invalid="ignore"):  # a 0/0 shows as nan in the answer, not as a warning
+            got = _pair(_call(candidate, A.copy(), B.copy(), delta, on=on), on, "(A_bar, B_bar)")
         A_bar, B_bar = _ref_zoh(A, B, delta)
         expect_close(got[0], A_bar, on=on, rtol=1e-6, what="A_bar")
         if _same(got[1], delta * B):
             raise CheckFailed(f"B_bar is delta * B on {on}: that is mamba-minimal's simple rule; "
                               f"the zero-order hold has an extra factor")
+        got_b = np.asarray(got[1], dtype=np.float64)
+        if got_b.shape == B.shape and np.isnan(got_b).any():
+            raise CheckFailed(f"B_bar has nan where A = 0 on {on}: there (exp(delta A) - 1) / (delta A) is 0/0; "
+                              f"use its limit")
         expect_close(got[1], B_bar, on=on, rtol=1e-6, what="B_bar")
 
 
@@ -154,35 +164,45 @@ def _(candidate, rng):
         expect_close(got, expected, on=on, rtol=1e-6, atol=1e-12, what="kernel")
 
 
-def _ref_recurrence(A_bar, B_bar, C, D, u):
-    x, ys = np.zeros(len(A_bar)), []
+def _ref_recurrence(A_bar, B_bar, C, D, u, x0):
+    x, ys = np.array(x0, dtype=np.float64), []
     for u_k in u:
         x = A_bar * x + B_bar * u_k
         ys.append(C @ x + D * u_k)
-    return np.array(ys)
+    return np.array(ys), x
 
 
-@exercise("5.1.4", hint="from x = 0: for each u_k, first x = A_bar * x + B_bar * u_k, then "
-                        "y_k = C . x + D * u_k (the new state, and the skip term D)")
+@exercise("5.1.4", hint="start from x = x0 (not zeros); for each u_k, first x = A_bar * x + B_bar * u_k, then "
+                        "y_k = C . x + D * u_k; return the outputs and the last state")
 def _(candidate, rng):
-    cases = [(np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.array([1.0, 0.0, 0.0, 0.0]),
-              "A_bar=[0.5], B_bar=[1], C=[1], D=0, an impulse u=[1, 0, 0, 0]"),
-             (np.array([0.5]), np.array([1.0]), np.array([1.0]), 2.0, np.array([1.0, 1.0, 1.0]),
-              "A_bar=[0.5], B_bar=[1], C=[1], D=2, u=[1, 1, 1]"),
+    cases = [(np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(1),
+              "A_bar=[0.5], B_bar=[1], C=[1], D=0, an impulse u=[1, 0, 0, 0], x0=[0]"),
+             (np.array([0.5]), np.array([1.0]), np.array([1.0]), 2.0, np.array([1.0, 1.0, 1.0]), np.zeros(1),
+              "A_bar=[0.5], B_bar=[1], C=[1], D=2, u=[1, 1, 1], x0=[0]"),
+             (np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.zeros(3), np.array([8.0]),
+              "A_bar=[0.5], B_bar=[1], C=[1], D=0, u=[0, 0, 0], x0=[8] (the state decays)"),
              (np.array([0.9, 0.2]), np.array([0.3, 1.0]), np.array([1.0, -2.0]), 0.5, np.array([1.0, -1.0, 2.0, 0.0, 3.0]),
-              "A_bar=[0.9, 0.2], B_bar=[0.3, 1], C=[1, -2], D=0.5, u=[1, -1, 2, 0, 3]")]
+              np.array([1.0, -1.0]), "A_bar=[0.9, 0.2], B_bar=[0.3, 1], C=[1, -2], D=0.5, u=[1, -1, 2, 0, 3], x0=[1, -1]")]
     cases += [(rng.uniform(0.1, 0.99, 6), rng.normal(size=6), rng.normal(size=6), float(rng.normal()),
-               rng.normal(size=30), "random n=6, L=30")]
-    for A_bar, B_bar, C, D, u, on in cases:
-        got = _call(candidate, A_bar.copy(), B_bar.copy(), C.copy(), D, u.copy(), on=on)
-        expected = _ref_recurrence(A_bar, B_bar, C, D, u)
-        arr = _array(got, on)
+               rng.normal(size=30), rng.normal(size=6), "random n=6, L=30, x0")]
+    for A_bar, B_bar, C, D, u, x0, on in cases:
+        got = _pair(_call(candidate, A_bar.copy(), B_bar.copy(), C.copy(), D, u.copy(), x0.copy(), on=on), on,
+                    "(y, x_last)")
+        expected, x_last = _ref_recurrence(A_bar, B_bar, C, D, u, x0)
+        arr = _array(got[0], on, "output y")
         if arr.shape == expected.shape:
-            old_state = np.concatenate([[0.0], expected[:-1] - D * u[:-1]]) + D * u  # read before the update
-            expect(not np.allclose(arr, old_state), f"y_k was read from the state before the update on {on}: "
-                                                    f"update the state with u_k first, then read it")
+            if x0.any():
+                expect(not np.allclose(arr, _ref_recurrence(A_bar, B_bar, C, D, u, 0 * x0)[0]),
+                       f"the outputs ignore x0 on {on}: the recurrence starts from the given state")
+            states = [x0] + [None] * len(u)
+            for k, u_k in enumerate(u):
+                states[k + 1] = A_bar * states[k] + B_bar * u_k
+            old = np.array([C @ states[k] + D * u[k] for k in range(len(u))])  # read before the update
+            expect(not np.allclose(arr, old), f"y_k was read from the state before the update on {on}: "
+                                              f"update the state with u_k first, then read it")
             expect(D == 0 or not np.allclose(arr, expected - D * u), f"the output lacks the skip term D * u_k on {on}")
-        expect_close(got, expected, on=on, rtol=1e-6, atol=1e-10, what="output y")
+        expect_close(got[0], expected, on=on, rtol=1e-6, atol=1e-10, what="output y")
+        expect_close(got[1], x_last, on=on, rtol=1e-6, atol=1e-10, what="last state")
 
 
 # ---- 5.2 selectivity and the scan ------------------------------------------------------------------
@@ -193,23 +213,34 @@ def _ref_combine(first, second):
     return a1 * a2, a2 * b1 + b2
 
 
-@exercise("5.2.1", hint="apply first, then second: second(first(x)) = a2 * (a1 * x + b1) + b2; "
-                        "collect the terms in x and the rest")
+def _ref_combine_affine(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A2 @ A1, A2 @ b1 + b2
+
+
+@exercise("5.2.1", hint="apply first, then second: A2 (A1 x + b1) + b2; collect the terms in x and the rest. "
+                        "Matrix products do not commute: the map applied first stands on the right")
 def _(candidate, rng):
-    cases = [((2.0, 1.0), (3.0, 0.0), "first=(2, 1), second=(3, 0)"),
-             ((1.0, 5.0), (0.5, 1.0), "first=(1, 5), second=(0.5, 1)"),
-             ((0.0, 4.0), (2.0, -1.0), "first=(0, 4), second=(2, -1)")]
-    cases += [((rng.uniform(0, 1, (3, 4)), rng.normal(size=(3, 4))), (rng.uniform(0, 1, (3, 4)), rng.normal(size=(3, 4))),
-               "random arrays of shape (3, 4)")]
+    eye = np.eye(2)
+    cases = [((np.array([[2.0]]), np.array([1.0])), (np.array([[3.0]]), np.array([0.0])), "1 x 1: first (2, 1), second (3, 0)"),
+             ((eye, np.array([1.0, 2.0])), (2 * eye, np.array([0.0, -1.0])),
+              "first (I, [1, 2]), second (2I, [0, -1])"),
+             ((np.array([[0.0, 1.0], [0.0, 0.0]]), np.zeros(2)), (np.array([[1.0, 0.0], [1.0, 1.0]]), np.zeros(2)),
+              "first A1=[[0, 1], [0, 0]], second A2=[[1, 0], [1, 1]], b = 0 (A1 A2 and A2 A1 differ)")]
+    cases += [((rng.normal(size=(3, 3)), rng.normal(size=3)), (rng.normal(size=(3, 3)), rng.normal(size=3)),
+               "random 3 x 3 matrices and offsets")]
     for first, second, on in cases:
         with _without_library("combine"):
-            got = _pair(_call(candidate, first, second, on=on), on, "(a, b)")
-        a, b = _ref_combine(first, second)
-        expect_close(got[0], a, on=on, rtol=1e-9, what="a")
-        if _same(got[1], _ref_combine(second, first)[1]) and not _same(got[1], b):
+            got = _pair(_call(candidate, first, second, on=on), on, "(A, b)")
+        A, b = _ref_combine_affine(first, second)
+        if _same(got[0], first[0] @ second[0]) and not _same(got[0], A):
+            raise CheckFailed(f"the matrices are multiplied in the wrong order on {on}: `first` acts first, "
+                              f"so it stands on the right of the product")
+        expect_close(got[0], A, on=on, rtol=1e-9, atol=1e-12, what="A")
+        if _same(got[1], first[0] @ second[1] + first[1]) and not _same(got[1], b):
             raise CheckFailed(f"b is second applied first on {on}: the offset of `first` goes through "
-                              f"`second`'s slope, not the other way round")
-        expect_close(got[1], b, on=on, rtol=1e-9, what="b")
+                              f"`second`'s matrix, not the other way round")
+        expect_close(got[1], b, on=on, rtol=1e-9, atol=1e-12, what="b")
 
 
 def _ref_step(x, u_t, delta_t, A, B_t, C_t, D):
@@ -243,14 +274,13 @@ def _(candidate, rng):
         expect_close(got[1], y, on=on, rtol=1e-7, atol=1e-10, what="output y_t")
 
 
-def _ref_selective_scan(u, delta, A, B, C, D):
-    b, l, d_in = u.shape
-    x = np.zeros((b, d_in, A.shape[1]))
+def _ref_selective_scan(u, delta, A, B, C, D, h0):
+    x = np.array(h0, dtype=np.float64)
     ys = []
-    for k in range(l):
+    for k in range(u.shape[1]):
         x, y = _ref_step(x, u[:, k], delta[:, k], A, B[:, k], C[:, k], D)
         ys.append(y)
-    return np.stack(ys, axis=1)
+    return np.stack(ys, axis=1), x
 
 
 def _scan_inputs(rng, b, l, d_in, n):
@@ -264,18 +294,22 @@ _SCANS = ("selective_scan", "linear_recurrence", "scan._sequential_forward", "sc
           "scan._fast_forward")
 
 
-@exercise("5.2.3", hint="x starts at zeros (b, d_in, n); for each position k: x = exp(delta_k A) * x + "
-                        "delta_k B_k u_k (lined up on (b, d_in, n)), then y_k = sum over n of x * C_k, "
-                        "plus D * u_k")
+@exercise("5.2.3", hint="the state starts at h0 (b, d_in, n); for each position k: h = exp(delta_k A) * h + "
+                        "delta_k B_k u_k (lined up on (b, d_in, n)), then y_k = sum over n of h * C_k, plus "
+                        "D * u_k; return all the y_k and the last h")
 def _(candidate, rng):
     for b, l, d_in, n in [(1, 1, 1, 1), (1, 4, 2, 3), (2, 7, 3, 4), (2, 12, 4, 2)]:
         args = _scan_inputs(rng, b, l, d_in, n)
-        on = f"random u {args[0].shape}, A {args[2].shape}, B {args[3].shape}"
+        h0 = rng.normal(size=(b, d_in, n))
+        on = f"random u {args[0].shape}, A {args[2].shape}, B {args[3].shape}, h0 {h0.shape}"
         with _without_library(*_SCANS):
-            got = _call(candidate, *(a.copy() for a in args), on=on)
-        expected = _ref_selective_scan(*args)
-        expect(not _same(got, expected - args[0] * args[5]), f"y lacks the skip term D * u on {on}")
-        expect_close(got, expected, on=on, rtol=1e-7, atol=1e-10, what="output y")
+            got = _pair(_call(candidate, *(a.copy() for a in args), h0.copy(), on=on), on, "(y, h_last)")
+        expected, h_last = _ref_selective_scan(*args, h0)
+        expect(not _same(got[0], _ref_selective_scan(*args, 0 * h0)[0]),
+               f"y is the scan from a zero state on {on}: start from h0")
+        expect(not _same(got[0], expected - args[0] * args[5]), f"y lacks the skip term D * u on {on}")
+        expect_close(got[0], expected, on=on, rtol=1e-7, atol=1e-10, what="output y")
+        expect_close(got[1], h_last, on=on, rtol=1e-7, atol=1e-10, what="last state h_last")
 
 
 class _CountingCombine:
