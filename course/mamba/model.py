@@ -147,9 +147,9 @@ class MambaBlock(nn.Module):
         """delta (b, l, d_in), A (d_in, n), B and C (b, l, n) for the input u: all but A depend on u."""
         c = self.config
         r, n = c.dt_rank, c.d_state
-        W = self.x_proj.weight
-        delta = F.softplus(self.dt_proj(F.linear(u, W[:r])))
-        B, C = F.linear(u, W[r:r + n]), F.linear(u, W[r + n:])
+        x_dbl = self.x_proj(u)  # (b, l, dt_rank + 2n): one matrix product, then cut in three
+        delta = F.softplus(self.dt_proj(x_dbl[..., :r]))
+        B, C = x_dbl[..., r:r + n], x_dbl[..., r + n:]
         A = -self.A_log.exp()
         return delta, A, B, C
 
