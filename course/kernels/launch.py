@@ -77,9 +77,14 @@ def check_launch(griddim, blockdim, name="kernel"):
     return grid, block
 
 
+def kernel_name(kernel):
+    """The name a kernel was written under (of its Python function, on a GPU or the simulator)."""
+    return getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
+
+
 def launch(kernel, griddim, blockdim, *args):
     """Run `kernel[griddim, blockdim](*args)` after checking the configuration; count it."""
-    name = getattr(kernel, "__name__", "kernel")
+    name = kernel_name(kernel)
     grid, block = check_launch(griddim, blockdim, name)
     _launches[name] += 1
     switch = sys.getswitchinterval()

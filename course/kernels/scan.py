@@ -21,6 +21,7 @@ import numpy as np
 from numba import float32
 
 from ._backend import cuda
+from .basics import reduce_rows
 from .launch import THREADS_PER_BLOCK, as_float32, blocks_for, launch
 
 MAX_STATE = 64  # n: the size of the local arrays, fixed when the kernel is compiled
@@ -132,6 +133,6 @@ def selective_scan_backward(g, u, delta, A, B, C, D, states):
         launch(selective_scan_backward_kernel, blocks_for(b * d, THREADS_PER_BLOCK), THREADS_PER_BLOCK,
                *[cuda.to_device(x) for x in (g, u, delta, A, B, C, D, as_float32(states, "selective_scan", "states"))],
                du, ddelta, dA, dB, dC, dD)
-    from .basics import reduce_rows  # dA and dD: the per-sequence rows summed by a kernel too
+    # dA and dD come as one row per sequence: a kernel sums them too.
     return (du.copy_to_host(), ddelta.copy_to_host(), reduce_rows(dA.copy_to_host()), dB.copy_to_host(),
             dC.copy_to_host(), reduce_rows(dD.copy_to_host()))

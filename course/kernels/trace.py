@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .launch import check_launch
+from .launch import check_launch, kernel_name
 
 Dim3 = namedtuple("Dim3", "x y z")
 MAX_TRACED_THREADS = 1 << 14
@@ -498,7 +498,7 @@ def trace(kernel, griddim, blockdim, *args):
 
     The arrays are changed in place as a launch would change them (out-of-bounds writes dropped).
     """
-    grid, block = check_launch(griddim, blockdim, getattr(kernel, "__name__", "kernel"))
+    grid, block = check_launch(griddim, blockdim, kernel_name(kernel))
     n = int(np.prod(grid)) * int(np.prod(block))
     if n > MAX_TRACED_THREADS:
         raise ValueError(f"trace: {n} threads is too many to follow in Python (at most {MAX_TRACED_THREADS}); "
