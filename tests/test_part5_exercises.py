@@ -164,23 +164,25 @@ def scan_one_by_one(a, b, combine):
 # ---- 5.3 right and wrong answers ------------------------------------------------------------------
 
 
-def rms_norm(x, weight, eps=1e-5):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+def rms_norm_backward(x, weight, grad, eps=1e-5):
+    r = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    xhat = x * r
+    gw = grad * weight
+    dx = r * (gw - xhat * (gw * xhat).mean(-1, keepdims=True))
+    return dx, (grad * xhat).reshape(-1, x.shape[-1]).sum(0)
 
 
-def rms_norm_layer_norm(x, weight, eps=1e-5):
-    x = x - x.mean(-1, keepdims=True)
-    return rms_norm(x, weight, eps)
+def rms_norm_backward_constant_r(x, weight, grad, eps=1e-5):
+    r = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return grad * weight * r, (grad * x * r).reshape(-1, x.shape[-1]).sum(0)
 
 
-def rms_norm_eps_outside(x, weight, eps=1e-5):
-    return x / (np.sqrt((x * x).mean(-1, keepdims=True)) + eps) * weight
-
-
-def rms_norm_by_library(x, weight, eps=1e-5):
+def rms_norm_backward_by_library(x, weight, grad, eps=1e-5):
     from course.mamba import rms_norm
     from course.tensor import Tensor
-    return rms_norm(Tensor(x), Tensor(weight), eps).data
+    xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
+    rms_norm(xt, wt, eps).backward(grad)
+    return xt.grad, wt.grad
 
 
 def causal_conv1d(x, weight, bias):
@@ -190,14 +192,27 @@ def causal_conv1d(x, weight, bias):
     return sum(padded[:, j:j + l] * weight[:, j] for j in range(k)) + bias
 
 
-def causal_conv1d_reversed(x, weight, bias):
-    return causal_conv1d(x, weight[:, ::-1], bias)
+def causal_conv1d_backward(x, weight, grad):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    padded_g = np.concatenate([grad, np.zeros((b, k - 1, d))], axis=1)  # outputs past the end: no gradient
+    padded_x = np.concatenate([np.zeros((b, k - 1, d)), x], axis=1)
+    dx = sum(padded_g[:, k - 1 - j:k - 1 - j + l] * weight[:, j] for j in range(k))
+    dw = np.stack([(grad * padded_x[:, j:j + l]).sum(axis=(0, 1)) for j in range(k)], axis=1)
+    return dx, dw
 
 
-def causal_conv1d_by_library(x, weight, bias):
+def causal_conv1d_backward_forward_in_time(x, weight, grad):
+    _, dw = causal_conv1d_backward(x, weight, grad)
+    return causal_conv1d(grad, weight, 0.0), dw
+
+
+def causal_conv1d_backward_by_library(x, weight, grad):
     from course.mamba import causal_conv1d
     from course.tensor import Tensor
-    return causal_conv1d(Tensor(x), Tensor(weight), Tensor(bias)).data
+    xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
+    causal_conv1d(xt, wt, None).backward(grad)
+    return xt.grad, wt.grad
 
 
 def conv_step(conv_state, u_t, weight, bias):
@@ -215,8 +230,10 @@ def conv_step_drops_newest(conv_state, u_t, weight, bias):
 
 
 def conv_step_by_library(conv_state, u_t, weight, bias):
+    from course.mamba import causal_conv1d
+    from course.tensor import Tensor
     window = np.concatenate([conv_state, u_t[:, None]], axis=1)
-    return causal_conv1d_by_library(window, weight, bias)[:, -1], window[:, 1:]
+    return causal_conv1d(Tensor(window), Tensor(weight), Tensor(bias)).data[:, -1], window[:, 1:]
 
 
 def ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
@@ -320,8 +337,8 @@ CASES = [
     ("5.2.2", scan_step, scan_step_old_state, "old state"),
     ("5.2.3", selective_scan_from, selective_scan_without_d, "skip term"),
     ("5.2.4", parallel_scan, scan_one_by_one, "log-depth scan"),
-    ("5.3.1", rms_norm, rms_norm_layer_norm, "LayerNorm"),
-    ("5.3.2", causal_conv1d, causal_conv1d_reversed, "reversed"),
+    ("5.3.1", rms_norm_backward, rms_norm_backward_constant_r, "as a constant"),
+    ("5.3.2", causal_conv1d_backward, causal_conv1d_backward_forward_in_time, "forward in time"),
     ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
     ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
     ("5.3.5", count_parameters, count_parameters_untied, "tied"),
@@ -353,9 +370,8 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.2.1", combine_by_library, "write it yourself"),
     ("5.2.3", selective_scan_by_library, "write it yourself"),
     ("5.2.4", parallel_scan_by_library, "write it yourself"),
-    ("5.3.1", rms_norm_eps_outside, "below eps"),
-    ("5.3.1", rms_norm_by_library, "write it yourself"),
-    ("5.3.2", causal_conv1d_by_library, "write it yourself"),
+    ("5.3.1", rms_norm_backward_by_library, "write it yourself"),
+    ("5.3.2", causal_conv1d_backward_by_library, "write it yourself"),
     ("5.3.3", conv_step_drops_newest, "newest input"),
     ("5.3.3", conv_step_by_library, "write it yourself"),
     ("5.3.4", ssm_parameters_swapped, "swapped"),
@@ -364,7 +380,7 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.4.1", masked_accuracy_with_padding, "padding id"),
     ("5.4.1", masked_accuracy_by_library, "write it yourself"),
     ("5.4.3", gpt_width_any, "multiple of n_head"),
-], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library", "5.3.1-eps-outside",
+], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library",
         "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
         "5.3.5-library", "5.4.1-padding", "5.4.1-library", "5.4.3-not-multiple"])
 def test_near_misses_fail(exercise_id, candidate, named):
@@ -398,3 +414,28 @@ def test_the_parameter_count_of_5_3_5_is_the_library_count(config):
     E, L, V, n, expand, k = config
     model = Mamba(MambaConfig(E, L, V, d_state=n, expand=expand, d_conv=k))
     assert count_parameters(*config) == model.num_parameters()
+
+
+def test_the_backward_references_of_5_3_agree_with_finite_differences():
+    from course.exercises.part5 import _ref_conv, _ref_conv_backward, _ref_rms_backward
+    rng = np.random.default_rng(0)
+    x, w, g = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 5, 3))
+    rx, rw, rg = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=(2, 3, 6))
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w
+
+    for f, args, ref in [(lambda x, w: _ref_conv(x, w, np.zeros(3)), (x, w), _ref_conv_backward(x, w, g)),
+                         (rms, (rx, rw), _ref_rms_backward(rx, rw, rg))]:
+        grad_out = g if f is not rms else rg
+        for i, a in enumerate(args):
+            numeric = np.zeros_like(a)
+            for idx in np.ndindex(*a.shape):
+                old = a[idx]
+                a[idx] = old + 1e-6
+                plus = (f(*args) * grad_out).sum()
+                a[idx] = old - 1e-6
+                minus = (f(*args) * grad_out).sum()
+                a[idx] = old
+                numeric[idx] = (plus - minus) / 2e-6
+            assert np.allclose(ref[i], numeric, rtol=1e-5, atol=1e-8)

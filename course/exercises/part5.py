@@ -350,27 +350,39 @@ def _(candidate, rng):
 # ---- 5.3 the Mamba block and model ---------------------------------------------------------------
 
 
-def _ref_rms(x, weight, eps=1e-5):
-    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * weight
+def _ref_rms_backward(x, weight, g, eps=1e-5):
+    d = x.shape[-1]
+    dx, dw = np.zeros_like(x, dtype=np.float64), np.zeros(d)
+    for idx in np.ndindex(*x.shape[:-1]):  # one vector at a time, with the Jacobian written out
+        v = x[idx]
+        r = 1 / np.sqrt((v * v).mean() + eps)
+        # y_i = v_i r w_i, and d r / d v_j = -r^3 v_j / d
+        jac = (np.diag(np.full(d, r)) - np.outer(v, v) * r ** 3 / d) * weight[:, None]
+        dx[idx] = jac.T @ g[idx]
+        dw += g[idx] * v * r
+    return dx, dw
 
 
-@exercise("5.3.1", hint="over the last axis: x / sqrt(mean(x**2) + eps) * weight, with keepdims=True so "
-                        "each vector is divided by its own root mean square; no mean is subtracted")
+@exercise("5.3.1", hint="with r = 1 / sqrt(mean(x**2) + eps) per vector and xhat = x r: dweight = the sum of "
+                        "grad * xhat over all leading axes; dx = r * (gw - xhat * mean(gw * xhat)) with gw = grad * "
+                        "weight, because r depends on every x of its vector")
 def _(candidate, rng):
-    cases = [(np.array([[3.0, 4.0]]), np.ones(2), "x=[[3, 4]], weight 1"),
-             (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), "x=[[1, 2, 3, 4]], weight [1, 2, 0.5, -1]"),
-             # mean square 1e-6, below eps: dividing by sqrt(mean square) + eps gives about +-1, not +-0.3
-             (np.array([[0.001, -0.001]]), np.ones(2), "x=[[0.001, -0.001]] (mean square 1e-6, below eps)"),
-             (np.array([[1.0, 2.0, 3.0], [10.0, 20.0, 60.0]]), np.ones(3), "x=[[1, 2, 3], [10, 20, 60]] (each row on its own)")]
-    cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), "random x (2, 3, 8) and weight (8,)")]
-    for x, w, on in cases:
+    cases = [(np.array([[3.0, 4.0]]), np.ones(2), np.array([[1.0, 0.0]]), "x=[[3, 4]], weight 1, grad [[1, 0]]"),
+             (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), np.ones((1, 4)),
+              "x=[[1, 2, 3, 4]], weight [1, 2, 0.5, -1], grad of ones"),
+             (np.array([[0.001, -0.002]]), np.ones(2), np.array([[1.0, 2.0]]), "x=[[0.001, -0.002]] (mean square below eps)")]
+    cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), rng.normal(size=(2, 3, 8)),
+               "random x (2, 3, 8), weight (8,) and grad (2, 3, 8)")]
+    for x, w, g, on in cases:
         with _without_library("rms_norm", "RMSNorm"):
-            got = _call(candidate, x.copy(), w.copy(), on=on)
-        mu = x.mean(axis=-1, keepdims=True)
-        layer_norm = (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5) * w
-        if _same(got, layer_norm, rtol=1e-5, atol=1e-7) and not _same(got, _ref_rms(x, w)):
-            raise CheckFailed(f"that is LayerNorm on {on}: RMSNorm does not subtract the mean")
-        expect_close(got, _ref_rms(x, w), on=on, rtol=1e-5, atol=1e-7)  # float32 work passes
+            got = _pair(_call(candidate, x.copy(), w.copy(), g.copy(), on=on), on, "(dx, dweight)")
+        dx, dw = _ref_rms_backward(x, w, g)
+        r = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5)
+        if _same(got[0], g * w * r, rtol=1e-5, atol=1e-8) and not _same(got[0], dx, rtol=1e-5, atol=1e-8):
+            raise CheckFailed(f"dx treats the root mean square as a constant on {on}: it depends on every x of "
+                              f"the vector, which adds a second term")
+        expect_close(got[0], dx, on=on, rtol=1e-5, atol=1e-8, what="dx")
+        expect_close(got[1], dw, on=on, rtol=1e-5, atol=1e-8, what="dweight")
 
 
 def _ref_conv(x, weight, bias):
@@ -385,23 +397,43 @@ def _ref_conv(x, weight, bias):
     return y
 
 
-@exercise("5.3.2", hint="pad k - 1 zeros in front of the time axis (axis 1); tap j then reads the padded "
-                        "input from j to j + l, so the last tap weight[:, k - 1] meets the current position")
+def _ref_conv_backward(x, weight, g):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    dx, dw = np.zeros(x.shape), np.zeros(weight.shape)
+    for t in range(l):  # y[t] = sum_j weight[:, j] x[t - (k - 1) + j]: send g[t] back along each term
+        for j in range(k):
+            s = t - (k - 1) + j
+            if s >= 0:
+                dx[:, s] += weight[:, j] * g[:, t]
+                dw[:, j] += (g[:, t] * x[:, s]).sum(axis=0)
+    return dx, dw
+
+
+@exercise("5.3.2", hint="input x_s feeds the outputs s, s+1, ..., s+k-1 (tap k-1, k-2, ..., 0): dx_s = sum_j "
+                        "weight[:, j] * grad[s + k - 1 - j], zero past the end; dweight[:, j] = the sum over b and t of "
+                        "grad[t] * x[t - (k - 1) + j] (zero before 0)")
 def _(candidate, rng):
     ramp = np.arange(1.0, 6.0).reshape(1, 5, 1)
-    cases = [(ramp, np.array([[0.0, 0.0, 1.0]]), np.zeros(1), "x=[1, 2, 3, 4, 5] (1 channel), weight [[0, 0, 1]], bias 0"),
-             (ramp, np.array([[1.0, 0.0, 0.0]]), np.array([0.5]), "x=[1, 2, 3, 4, 5], weight [[1, 0, 0]], bias 0.5"),
-             (ramp, np.array([[1.0, 2.0, 3.0]]), np.zeros(1), "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], bias 0")]
-    cases += [(rng.normal(size=(2, 7, 3)), rng.normal(size=(3, 4)), rng.normal(size=3),
-               "random x (2, 7, 3), weight (3, 4), bias (3,)")]
-    for x, w, bias, on in cases:
+    impulse = np.zeros((1, 5, 1))
+    impulse[0, 2, 0] = 1.0
+    cases = [(ramp, np.array([[0.0, 0.0, 1.0]]), impulse, "x=[1, 2, 3, 4, 5], weight [[0, 0, 1]], grad 1 at t=2 only"),
+             (ramp, np.array([[1.0, 2.0, 3.0]]), impulse, "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad 1 at t=2 only"),
+             (ramp, np.array([[1.0, 2.0, 3.0]]), np.ones((1, 5, 1)), "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad of ones")]
+    cases += [(rng.normal(size=(2, 7, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 7, 3)),
+               "random x (2, 7, 3), weight (3, 4), grad (2, 7, 3)")]
+    for x, w, g, on in cases:
         with _without_library("causal_conv1d", "CausalConv1d"):
-            got = _call(candidate, x.copy(), w.copy(), bias.copy(), on=on)
-        expected = _ref_conv(x, w, bias)
-        if _same(got, _ref_conv(x, w[:, ::-1], bias)) and not _same(got, expected):
-            raise CheckFailed(f"the taps are reversed on {on}: the last tap, weight[:, k - 1], multiplies "
-                              f"the current position (PyTorch's Conv1d order)")
-        expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)
+            got = _pair(_call(candidate, x.copy(), w.copy(), g.copy(), on=on), on, "(dx, dweight)")
+        dx, dw = _ref_conv_backward(x, w, g)
+        forward_in_time = _ref_conv(g, w, np.zeros(w.shape[0]))
+        if _same(got[0], forward_in_time) and not _same(got[0], dx):
+            raise CheckFailed(f"dx runs the convolution forward in time on {on}: the gradient flows backward, "
+                              f"x_s reaches the outputs s to s + k - 1")
+        expect_close(got[0], dx, on=on, rtol=1e-6, atol=1e-9, what="dx")
+        if _same(got[1], dw[:, ::-1]) and not _same(got[1], dw):
+            raise CheckFailed(f"dweight has its taps reversed on {on}: tap j multiplies x[t - (k - 1) + j]")
+        expect_close(got[1], dw, on=on, rtol=1e-6, atol=1e-9, what="dweight")
 
 
 @exercise("5.3.3", hint="window = the state with u_t appended at the end (time axis 1); out_t = (window * "
