@@ -58,6 +58,8 @@ def test_impossible_launches_name_the_limit(rng):
     with pytest.raises(ValueError, match="no blocks"):
         K.check_launch(0, 32)
     with pytest.raises(ValueError, match="no blocks"):
+        K.reduce_sum(a, threads_per_block=8, blocks=0)
+    with pytest.raises(ValueError, match="no blocks"):
         K.check_launch((2, -1), 32)
     with pytest.raises(ValueError, match="power of two"):
         K.reduce_sum(a, threads_per_block=12)
