@@ -40,3 +40,60 @@ def test_numba_imported_first_is_fine_while_numba_cuda_is_not():
     else:
         assert early.returncode != 0
         assert "Restart the kernel" in early.stderr and "import course.kernels" in early.stderr
+
+
+class FakeDriver:
+    """Stands in for libcuda: the calls `_find_gpu` makes, answering as a driver with `count` GPUs."""
+
+    def __init__(self, count, version=12040, name=b"Fake GPU"):
+        self.count, self.version, self.name = count, version, name
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGetCount(self, ref):
+        ref._obj.value = self.count
+        return 0
+
+    def cuDeviceGet(self, ref, i):
+        return 0
+
+    def cuDeviceGetName(self, buf, size, device):
+        buf.value = self.name
+        return 0
+
+    def cuDriverGetVersion(self, ref):
+        ref._obj.value = self.version
+        return 0
+
+
+def test_the_gpu_probe_asks_the_driver_and_names_what_is_missing(monkeypatch):
+    from importlib import metadata
+
+    from course.kernels import _backend
+
+    def no_driver(name):
+        raise OSError(name)
+
+    monkeypatch.setattr(_backend.ctypes, "CDLL", no_driver)
+    assert _backend._find_gpu() == (False, "no CUDA driver on this machine")
+
+    monkeypatch.setattr(_backend.ctypes, "CDLL", lambda name: FakeDriver(0))
+    assert _backend._find_gpu() == (False, "the CUDA driver sees no GPU")
+
+    monkeypatch.setattr(_backend.ctypes, "CDLL", lambda name: FakeDriver(1, version=12040))
+    monkeypatch.setattr(metadata, "version", lambda package: "13.1.0")
+    found, why = _backend._find_gpu()
+    assert not found and "Fake GPU" in why and "numba-cuda[cu12]" in why
+
+    monkeypatch.setattr(metadata, "version", lambda package: "12.9.0")
+    found, why = _backend._find_gpu()
+    nvvm_here = True
+    try:
+        from cuda.bindings import nvvm
+        nvvm.version()
+    except Exception:
+        nvvm_here = False
+    assert (found, why) == ((True, "Fake GPU") if nvvm_here else (False, why))
+    if not nvvm_here:
+        assert "NVVM is missing" in why

@@ -4,7 +4,9 @@ Numba decides once, when `numba.cuda` is first imported, whether `@cuda.jit` com
 or runs each CUDA thread as a Python thread on the CPU (the simulator, switched on by the
 environment variable NUMBA_ENABLE_CUDASIM=1). So the choice has to be made before that import,
 and without numba's help: we ask the CUDA driver directly (through ctypes) whether it sees a
-GPU, and whether the NVVM compiler that numba-cuda needs is installed.
+GPU, then check that numba-cuda can use it: its CUDA bindings are not newer than the driver
+(a CUDA 12 driver needs `pip install "numba-cuda[cu12]"`) and the NVVM compiler is installed.
+Where it cannot, kernels run on the simulator and `backend_reason()` says what to install.
 
     COURSE_CUDA=simulator   always use the simulator (also when there is a GPU)
     COURSE_CUDA=gpu         insist on a GPU: an error if there is none
@@ -38,12 +40,23 @@ def _find_gpu():
     driver.cuDeviceGet(ctypes.byref(device), 0)
     driver.cuDeviceGetName(raw, 256, device)
     gpu = raw.value.decode(errors="replace") or "a GPU"
+    version = ctypes.c_int(0)
+    driver.cuDriverGetVersion(ctypes.byref(version))
+    driver_major = version.value // 1000
+    try:  # numba-cuda talks to the driver through cuda-bindings, whose major version must not be newer
+        from importlib.metadata import version as installed
+        bindings_major = int(installed("cuda-bindings").split(".")[0])
+    except Exception:
+        bindings_major = None
+    if bindings_major is not None and driver_major and bindings_major > driver_major:
+        return False, (f"{gpu} is there, but its driver speaks CUDA {driver_major} and numba-cuda's "
+                       f"cuda-bindings {bindings_major}: pip install 'numba-cuda[cu{driver_major}]'")
     try:  # numba-cuda compiles kernels with NVVM, which comes with the CUDA toolkit's pip wheels
         from cuda.bindings import nvvm
         nvvm.version()
     except Exception:
         return False, (f"{gpu} is there, but numba-cuda cannot compile for it (NVVM is missing: "
-                       f"pip install 'numba-cuda[cu12]', or [cu13] for a CUDA 13 driver)")
+                       f"pip install 'numba-cuda[cu{driver_major or 12}]')")
     return True, gpu
 
 
