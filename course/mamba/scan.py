@@ -161,14 +161,27 @@ def _gradients_from_states(g, u, delta, A, B, C, D, h, h_prev, a, dh):
 
 # ----- "fast": the sequential loops, compiled ----------------------------------------------------------
 # Loop order: batch, time, channel, state. The n states of a channel sit side by side in memory,
-# so the innermost loop runs over contiguous numbers. The forward keeps the decays a = exp(delta A)
-# and the states for the backward: recomputing the exponentials would cost more time than storing
-# them costs memory. It runs on one thread (the sequences of a batch could run in parallel:
-# part 6's CPU kernels do that).
+# so the innermost loop runs over contiguous numbers. The decays a = exp(delta A) are computed
+# first, for all positions at once: NumPy's exp works on several numbers per instruction, several
+# times faster than calling exp one number at a time in the loop. The forward keeps the decays
+# and the states for the backward, trading memory for not computing them again. It runs on one
+# thread (the sequences of a batch could run in parallel: part 6's CPU kernels do that).
 @njit(cache=True, fastmath=True)
-def _fast_forward_kernel(u, delta, A, B, C, D, y, a, h):
-    b, l, d = u.shape
+def _outer_kernel(delta, A, out):
+    """out[b, t, d, n] = delta[b, t, d] * A[d, n]."""
+    b, l, d = delta.shape
     n = A.shape[1]
+    for bi in range(b):
+        for t in range(l):
+            for di in range(d):
+                for ni in range(n):
+                    out[bi, t, di, ni] = delta[bi, t, di] * A[di, ni]
+
+
+@njit(cache=True, fastmath=True)
+def _fast_forward_kernel(u, delta, B, C, D, a, y, h):
+    b, l, d = u.shape
+    n = B.shape[2]
     for bi in range(b):
         for t in range(l):
             for di in range(d):
@@ -176,9 +189,7 @@ def _fast_forward_kernel(u, delta, A, B, C, D, y, a, h):
                 x = u[bi, t, di]
                 acc = x * D[di]
                 for ni in range(n):
-                    at = np.exp(dt * A[di, ni])
-                    ht = at * h[bi, t, di, ni] + dt * B[bi, t, ni] * x  # h[:, t] is h_{t-1}
-                    a[bi, t, di, ni] = at
+                    ht = a[bi, t, di, ni] * h[bi, t, di, ni] + dt * B[bi, t, ni] * x  # h[:, t] is h_{t-1}
                     h[bi, t + 1, di, ni] = ht
                     acc += ht * C[bi, t, ni]
                 y[bi, t, di] = acc
@@ -221,10 +232,12 @@ def _fast_forward(u, delta, A, B, C, D):
     n = A.shape[1]
     y = np.empty_like(u)
     a = np.empty((b, l, d, n), dtype=u.dtype)
+    _outer_kernel(delta, A, a)
+    np.exp(a, out=a)
     h = np.empty((b, l + 1, d, n), dtype=u.dtype)
     h[:, 0] = 0
     D_ = np.zeros(d, dtype=u.dtype) if D is None else D
-    _fast_forward_kernel(u, delta, A, B, C, D_, y, a, h)
+    _fast_forward_kernel(u, delta, B, C, D_, a, y, h)
     return y, (a, h)
 
 
