@@ -102,7 +102,8 @@ def choose():
         config.reload_config()
     from numba import cuda
     if _running_simulator(cuda) == use_gpu:
-        raise RuntimeError(f"numba.cuda did not start in the mode chosen ({'gpu' if use_gpu else 'simulator'}). {_RESTART}.")
+        mode = "gpu" if use_gpu else "simulator"
+        raise RuntimeError(f"numba.cuda did not start in the mode chosen ({mode}). {_RESTART}.")
     if use_gpu and not cuda.is_available():
         raise RuntimeError(f"numba finds no usable GPU although the driver reports {why}; "
                            f"set COURSE_CUDA=simulator to use the simulator")

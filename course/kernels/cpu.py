@@ -397,7 +397,8 @@ def _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD):
 
 def _scan_inputs(u, delta, A, B, C, D):
     names = ("u", "delta", "A", "B", "C", "D")
-    arrays = [None if x is None else _floats(x, "selective_scan", name) for name, x in zip(names, (u, delta, A, B, C, D))]
+    arrays = [None if x is None else _floats(x, "selective_scan", name)
+              for name, x in zip(names, (u, delta, A, B, C, D))]
     u, delta, A, B, C, D = arrays
     fits = (u.ndim == 3 and delta.shape == u.shape and A.ndim == 2 and A.shape[0] == u.shape[2]
             and B.shape == u.shape[:2] + (A.shape[1],) and C.shape == B.shape

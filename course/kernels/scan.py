@@ -86,7 +86,8 @@ def selective_scan_backward_kernel(g, u, delta, A, B, C, D, states, du, ddelta, 
 # ----- host functions ---------------------------------------------------------------------------------
 def _check(u, delta, A, B, C, D):
     names = ("u", "delta", "A", "B", "C", "D")
-    arrays = [None if x is None else as_float32(x, "selective_scan", name) for name, x in zip(names, (u, delta, A, B, C, D))]
+    arrays = [None if x is None else as_float32(x, "selective_scan", name)
+              for name, x in zip(names, (u, delta, A, B, C, D))]
     u, delta, A, B, C, D = arrays
     fits = (u.ndim == 3 and delta.shape == u.shape and A.ndim == 2 and A.shape[0] == u.shape[2]
             and B.shape == u.shape[:2] + (A.shape[1],) and C.shape == B.shape

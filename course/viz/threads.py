@@ -62,9 +62,10 @@ def draw_thread_map(owner, threads_per_block, block_shape=None, ax=None, title=N
     ax.tick_params(length=0, labelsize=7)
     if title:
         ax.set_title(title)
-    n_blocks = len({int(w) // threads_per_block for w in np.unique(grid) if w >= 0})
+    blocks = sorted({int(w) // threads_per_block for w in np.unique(grid) if w >= 0})
+    n_blocks = len(blocks)
     legend = [Patch(facecolor=_colour(b * threads_per_block + threads_per_block // 2, threads_per_block),
-                    label=f"block {b}") for b in sorted({int(w) // threads_per_block for w in np.unique(grid) if w >= 0})[:8]]
+                    label=f"block {b}") for b in blocks[:8]]
     if (grid == NONE).any():
         legend.append(Patch(facecolor="white", edgecolor="0.6", label="no thread"))
     if (grid == SEVERAL).any():
