@@ -48,9 +48,9 @@ def _without_library(*names):
         if inspect.isclass(obj):
             obj = obj.__init__
         code = getattr(inspect.unwrap(obj), "__code__", None) if obj is not None else None
-        if code is not None:
-            codes[code] = (name.rsplit(".", 1)[0], name.rsplit(".", 1)[1]) if name.startswith("course.") \
-                else ("course.mamba", name)
+        if code is None:  # the library renamed it: the check must follow, or it stops guarding
+            raise LookupError(f"_without_library: {name} is not a Python function of the library")
+        codes[code] = tuple(name.rsplit(".", 1)) if name.startswith("course.") else ("course.mamba", name)
 
     def watch(frame, event, arg):
         if event == "call" and frame.f_code in codes:
