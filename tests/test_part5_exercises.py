@@ -271,7 +271,8 @@ def count_parameters_unpadded(d_model, n_layer, vocab_size, d_state=16, expand=2
 
 def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
     from course.mamba import Mamba, MambaConfig
-    return Mamba(MambaConfig(d_model, n_layer, vocab_size, d_state=d_state, expand=expand, d_conv=d_conv)).num_parameters()
+    config = MambaConfig(d_model, n_layer, vocab_size, d_state=d_state, expand=expand, d_conv=d_conv)
+    return Mamba(config).num_parameters()
 
 
 # ---- 5.4 right and wrong answers ------------------------------------------------------------------
@@ -380,7 +381,8 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("5.4.1", masked_accuracy_with_padding, "padding id"),
     ("5.4.1", masked_accuracy_by_library, "write it yourself"),
     ("5.4.3", gpt_width_any, "multiple of n_head"),
-], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp", "5.2.1-library", "5.2.3-library", "5.2.4-library",
+], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp",
+        "5.2.1-library", "5.2.3-library", "5.2.4-library",
         "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
         "5.3.5-library", "5.4.1-padding", "5.4.1-library", "5.4.3-not-multiple"])
 def test_near_misses_fail(exercise_id, candidate, named):
@@ -404,11 +406,13 @@ def test_library_refused_even_when_imported_before_the_check():
 
     result = check("5.2.3", candidate)
     assert result.status == "failed" and "write it yourself" in result.message
-    args = [np.ones((1, 2, 1)), np.ones((1, 2, 1)), -np.ones((1, 1)), np.ones((1, 2, 1)), np.ones((1, 2, 1)), np.ones(1)]
+    ones = np.ones((1, 2, 1))
+    args = [ones, ones, -np.ones((1, 1)), ones, ones, np.ones(1)]
     assert np.asarray(scan(*args)).shape == (1, 2, 1)  # and it works again afterwards
 
 
-@pytest.mark.parametrize("config", [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (40, 3, 10, 8, 1, 2), (24, 2, 3, 5, 3, 5)])
+@pytest.mark.parametrize("config", [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (40, 3, 10, 8, 1, 2),
+                                    (24, 2, 3, 5, 3, 5)])
 def test_the_parameter_count_of_5_3_5_is_the_library_count(config):
     from course.mamba import Mamba, MambaConfig
     E, L, V, n, expand, k = config

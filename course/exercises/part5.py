@@ -181,8 +181,9 @@ def _(candidate, rng):
               "A_bar=[0.5], B_bar=[1], C=[1], D=2, u=[1, 1, 1], x0=[0]"),
              (np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.zeros(3), np.array([8.0]),
               "A_bar=[0.5], B_bar=[1], C=[1], D=0, u=[0, 0, 0], x0=[8] (the state decays)"),
-             (np.array([0.9, 0.2]), np.array([0.3, 1.0]), np.array([1.0, -2.0]), 0.5, np.array([1.0, -1.0, 2.0, 0.0, 3.0]),
-              np.array([1.0, -1.0]), "A_bar=[0.9, 0.2], B_bar=[0.3, 1], C=[1, -2], D=0.5, u=[1, -1, 2, 0, 3], x0=[1, -1]")]
+             (np.array([0.9, 0.2]), np.array([0.3, 1.0]), np.array([1.0, -2.0]), 0.5,
+              np.array([1.0, -1.0, 2.0, 0.0, 3.0]), np.array([1.0, -1.0]),
+              "A_bar=[0.9, 0.2], B_bar=[0.3, 1], C=[1, -2], D=0.5, u=[1, -1, 2, 0, 3], x0=[1, -1]")]
     cases += [(rng.uniform(0.1, 0.99, 6), rng.normal(size=6), rng.normal(size=6), float(rng.normal()),
                rng.normal(size=30), rng.normal(size=6), "random n=6, L=30, x0")]
     for A_bar, B_bar, C, D, u, x0, on in cases:
@@ -222,7 +223,8 @@ def _ref_combine_affine(first, second):
                         "Matrix products do not commute: the map applied first stands on the right")
 def _(candidate, rng):
     eye = np.eye(2)
-    cases = [((np.array([[2.0]]), np.array([1.0])), (np.array([[3.0]]), np.array([0.0])), "1 x 1: first (2, 1), second (3, 0)"),
+    cases = [((np.array([[2.0]]), np.array([1.0])), (np.array([[3.0]]), np.array([0.0])),
+              "1 x 1: first (2, 1), second (3, 0)"),
              ((eye, np.array([1.0, 2.0])), (2 * eye, np.array([0.0, -1.0])),
               "first (I, [1, 2]), second (2I, [0, -1])"),
              ((np.array([[0.0, 1.0], [0.0, 0.0]]), np.zeros(2)), (np.array([[1.0, 0.0], [1.0, 1.0]]), np.zeros(2)),
@@ -370,7 +372,8 @@ def _(candidate, rng):
     cases = [(np.array([[3.0, 4.0]]), np.ones(2), np.array([[1.0, 0.0]]), "x=[[3, 4]], weight 1, grad [[1, 0]]"),
              (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), np.ones((1, 4)),
               "x=[[1, 2, 3, 4]], weight [1, 2, 0.5, -1], grad of ones"),
-             (np.array([[0.001, -0.002]]), np.ones(2), np.array([[1.0, 2.0]]), "x=[[0.001, -0.002]] (mean square below eps)")]
+             (np.array([[0.001, -0.002]]), np.ones(2), np.array([[1.0, 2.0]]),
+              "x=[[0.001, -0.002]] (mean square below eps)")]
     cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), rng.normal(size=(2, 3, 8)),
                "random x (2, 3, 8), weight (8,) and grad (2, 3, 8)")]
     for x, w, g, on in cases:
@@ -411,7 +414,8 @@ def _ref_conv_backward(x, weight, g):
 
 
 @exercise("5.3.2", hint="input x_s feeds the outputs s, s+1, ..., s+k-1 (tap k-1, k-2, ..., 0): dx_s = sum_j "
-                        "weight[:, j] * grad[s + k - 1 - j], zero past the end; dweight[:, j] = the sum over b and t of "
+                        "weight[:, j] * grad[s + k - 1 - j], zero past the end; dweight[:, j] = the sum over b "
+                        "and t of "
                         "grad[t] * x[t - (k - 1) + j] (zero before 0)")
 def _(candidate, rng):
     ramp = np.arange(1.0, 6.0).reshape(1, 5, 1)
@@ -419,7 +423,8 @@ def _(candidate, rng):
     impulse[0, 2, 0] = 1.0
     cases = [(ramp, np.array([[0.0, 0.0, 1.0]]), impulse, "x=[1, 2, 3, 4, 5], weight [[0, 0, 1]], grad 1 at t=2 only"),
              (ramp, np.array([[1.0, 2.0, 3.0]]), impulse, "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad 1 at t=2 only"),
-             (ramp, np.array([[1.0, 2.0, 3.0]]), np.ones((1, 5, 1)), "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad of ones")]
+             (ramp, np.array([[1.0, 2.0, 3.0]]), np.ones((1, 5, 1)),
+              "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad of ones")]
     cases += [(rng.normal(size=(2, 7, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 7, 3)),
                "random x (2, 7, 3), weight (3, 4), grad (2, 7, 3)")]
     for x, w, g, on in cases:
@@ -550,7 +555,8 @@ def _(candidate, rng):
         with _without_library("course.data.tasks.masked_accuracy"):
             got = _call(candidate, logits.copy(), targets.copy(), V, on=on)
         keep_all = float((logits[..., :V].argmax(-1) == targets).mean())
-        if np.ndim(got) == 0 and np.isclose(float(got), keep_all) and not np.isclose(keep_all, _ref_masked(logits, targets, V)):
+        right = _ref_masked(logits, targets, V)
+        if np.ndim(got) == 0 and np.isclose(float(got), keep_all) and not np.isclose(keep_all, right):
             raise CheckFailed(f"you averaged over every position on {on}: only targets that are not -1 count")
         expect_close(got, _ref_masked(logits, targets, V), on=on, rtol=1e-9, what="accuracy")
 
