@@ -242,3 +242,7 @@ def test_traced_kernels_compute_what_the_launch_computes(rng):
     report = K.trace(kernel, grid, block, a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-6)
     assert report.phases() == 3  # load, multiply (one tile of k), then the last barrier
+    # From global memory, each number of a is read once per block column of the grid (1 here) and each
+    # of b once per block row (2 here), not once per column or row of c.
+    assert (report.counts("a") == 1).all() and (report.counts("b") == 2).all()
+    assert (report.counts("c", "write") == 1).all()

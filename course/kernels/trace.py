@@ -438,6 +438,17 @@ class TraceReport:
             owner[index] = who if owner[index] in (-1, who) else -2
         return owner
 
+    def counts(self, array, kind="read"):
+        """How many times each element was accessed (`kind` "read", "write" or "any"): an integer array."""
+        name = self._name(array)
+        if kind not in ("write", "read", "any"):
+            raise ValueError(f"counts: kind={kind!r}; the known ones are 'write', 'read', 'any'")
+        total = np.zeros(self.arrays[name].shape, dtype=np.int64)
+        for index, acc in self._t.records.get(name, []):
+            if kind == "any" or (acc.kind == "read") == (kind == "read"):
+                total[index] += 1
+        return total
+
     def unwritten(self, array):
         """A boolean array: True for each element that no thread wrote."""
         return self.touched_by(array, "write") == -1
