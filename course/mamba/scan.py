@@ -18,8 +18,8 @@ Three methods compute the same thing:
 - "parallel":   the recurrence h_t = a_t h_{t-1} + b_t is a scan with an associative operator, so
                 it can be computed in log2(l) vectorised steps (Hillis and Steele's scan), the way
                 a GPU computes it.
-- "fast":       the sequential loop compiled by Numba (`@njit`), forward and backward: the one the
-                model uses.
+- "fast":       the sequential loop compiled by Numba (`@njit`), forward and backward, with the
+                decays exp(delta A) computed beforehand by NumPy: the one the model uses.
 
 The backward pass is itself a scan, run backwards in time: the gradient reaching the state h_t
 comes from y_t (through C_t) and from h_{t+1} (through a_{t+1}):
@@ -55,7 +55,7 @@ def linear_recurrence(a, b, method="sequential"):
 
     "sequential" takes l steps; "parallel" takes ceil(log2 l) steps of Hillis and Steele's scan:
     after the step with stride s, position t holds the combination of the (up to) 2s steps ending
-    at t. It multiplies a's together and never divides by them, so it stays exact even where a
+    at t. It multiplies a's together and never divides by them, so it stays accurate even where a
     product of many a's underflows to 0 (as it does over 1024 steps of decay).
     """
     if method == "sequential":
