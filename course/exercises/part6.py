@@ -12,7 +12,6 @@ The references are written here in NumPy, independently of `course.kernels`; a k
 library passed as the answer is refused.
 """
 
-import math
 import sys
 import types
 
@@ -199,10 +198,10 @@ def _races(report, on):
                       f"cuda.syncthreads() between them, on {on}, so which value it read is left to chance")
 
 
-def _uninitialised_shared(report, on):
-    """A read of a shared element that no thread of the block had written: garbage on a GPU."""
-    shared = set(report._t.shared_names.values())
-    for name in shared:
+def _uninitialised_shared(report, params, on):
+    """A read of a shared element that no thread of the block had written: garbage on a GPU.
+    The shared arrays are the traced arrays that are not parameters of the kernel."""
+    for name in [n for n in report.arrays if n not in params]:
         written = {}
         for index, acc in report.accesses(name):
             key = (acc.block, index)
@@ -232,7 +231,8 @@ def _run(candidate, grid, block, args, on, outputs=()):
     report = _trace(candidate, grid, block, *args, on=on)
     _out_of_bounds(report, on)
     _races(report, on)
-    _uninitialised_shared(report, on)
+    fn = getattr(candidate, "py_func", None) or candidate
+    _uninitialised_shared(report, fn.__code__.co_varnames[:fn.__code__.co_argcount], on)
     for name in outputs:
         _unwritten(report, name, on)
     return report
