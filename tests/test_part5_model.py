@@ -192,6 +192,13 @@ def test_greedy_generation_equals_argmax_of_forward():
     np.testing.assert_array_equal(model.generate(prompt, 6, temperature=1e-8, seed=5), seq)
 
 
+def test_sampling_is_shared_with_gpt():
+    import course.gpt.model as gpt_model
+    import course.sampling as sampling
+
+    assert gpt_model.sample_next is sampling.sample_next and gpt_model.top_k_filter is sampling.top_k_filter
+
+
 def test_sampling_is_deterministic_and_never_draws_padding():
     model = perturbed()
     step = model.step
