@@ -1,4 +1,5 @@
-"""The course's Mamba against an independent PyTorch Mamba written as mamba-minimal writes it, weights loaded by name."""
+"""The course's Mamba against an independent PyTorch Mamba written as mamba-minimal writes it,
+weights loaded by name."""
 
 import numpy as np
 import pytest

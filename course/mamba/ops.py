@@ -53,9 +53,10 @@ def causal_conv1d(x, weight, bias=None):
     """
     w_shape = weight.shape
     w = weight.data.reshape(w_shape[0], w_shape[-1]) if weight.ndim == 3 and w_shape[1] == 1 else weight.data
-    if x.ndim != 3 or w.ndim != 2 or w.shape[0] != x.shape[2] or (bias is not None and bias.shape != (x.shape[2],)):
-        raise ValueError(f"causal_conv1d: x {x.shape}, weight {w_shape} and bias {None if bias is None else bias.shape} "
-                         f"do not fit: expected x (b, l, d), weight (d, 1, k) or (d, k), bias (d,)")
+    bias_shape = None if bias is None else bias.shape
+    if x.ndim != 3 or w.ndim != 2 or w.shape[0] != x.shape[2] or bias_shape not in (None, (x.shape[2],)):
+        raise ValueError(f"causal_conv1d: x {x.shape}, weight {w_shape} and bias {bias_shape} do not fit: "
+                         f"expected x (b, l, d), weight (d, 1, k) or (d, k), bias (d,)")
     b, l, d = x.shape
     k = w.shape[1]
     xp = np.concatenate([np.zeros((b, k - 1, d), dtype=x.dtype), x.data], axis=1)  # k-1 zeros before t=0
