@@ -121,8 +121,8 @@ class MambaBlock(nn.Module):
         self.dt_proj = nn.Linear(r, d_in, bias=True, rng=rng)
         # delta = softplus(dt_proj(...)) should start between 0.001 and 0.1 (log-uniformly): small
         # steps remember long, large steps forget fast, and the channels begin with a spread of both.
-        # The bias is softplus's inverse of such a delta; the weight is small, uniform in
-        # +-dt_rank^-0.5, so the bias sets the start (the official Mamba's initialisation).
+        # The bias is softplus's inverse of such a delta (so a zero input gives exactly it); the
+        # weight is uniform in +-dt_rank^-0.5. This is the official Mamba's initialisation.
         std = r ** -0.5
         self.dt_proj.weight.data = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
