@@ -700,3 +700,29 @@ def test_the_scan_reference_matches_course_mamba():
     B, C, D = rng.standard_normal((b, l, n)), rng.standard_normal((b, l, n)), rng.standard_normal(d)
     np.testing.assert_allclose(_scan_reference(u, delta, A, B, C, D), selective_scan(u, delta, A, B, C, D),
                                rtol=1e-10, atol=1e-12)
+
+
+def test_a_thread_that_raises_before_a_barrier_is_reported_not_waited_for():
+    @cuda.jit
+    def raises_then_waits(x):
+        t = cuda.threadIdx.x
+        if t == 0:
+            raise ValueError("boom")
+        cuda.syncthreads()
+        v = x[x.size - 1 - t]
+        cuda.syncthreads()
+        x[t] = v
+
+    result = check("6.2.1", raises_then_waits)
+    assert result.status == "failed" and "thread 0 raised ValueError: boom" in result.message
+
+
+def test_a_loop_that_never_ends_is_stopped_and_named():
+    @cuda.jit
+    def forgets_the_step(x, alpha, out):
+        i = cuda.grid(1)
+        while i < x.size:
+            out[i] = alpha * x[i]  # no i += ...
+
+    result = check("6.1.5", forgets_the_step)
+    assert result.status == "failed" and "does a loop never end" in result.message

@@ -103,7 +103,7 @@ def _guard(fn, cuda_, errors, args):
     def local(frame, event, arg):
         if event == "line":
             budget[0] -= 1
-            if budget[0] < 0:
+            if budget[0] < 0 or (errors and isinstance(errors[0][2], _TooLong)):  # or another thread's loop
                 raise _TooLong()
         return local
 
@@ -449,8 +449,8 @@ def _matmul_cases(rng):
             (int(rng.integers(1, 10)), int(rng.integers(1, 10)), int(rng.integers(1, 10)))]
 
 
-@exercise("6.3.1", hint="with col, row = cuda.grid(2), c[row, col] is the dot product of row `row` of a with "
-                        "row `col` of bt (bt is B transposed: B's column col is bt's row col); guard both")
+@exercise("6.3.1", hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
+                        "And the guard must cover both axes of c")
 def _(candidate, rng):
     _refuse_library(candidate)
     for m, k, n in _matmul_cases(rng):
@@ -470,9 +470,9 @@ def _tiled_reads(m, k, n, tile):
     return -(-n // tile) * m * k + -(-m // tile) * k * n
 
 
-@exercise("6.3.2", hint="thread (tx, ty) loads one element of each tile: tile_a[ty, tx] from row `row` of a, "
-                        "column start + tx; tile_b[ty, tx] from bt's row `col`, column start + ty (that is "
-                        "b[start + ty, col]); 0 where that element is outside the matrix")
+@exercise("6.3.2", hint="each thread stores one element of each tile, at its own [ty, tx]: the one the "
+                        "compute loop expects there for this step (tile_b[j, tx] stands for B[start + j, col]); "
+                        "0 where that element lies outside the matrix")
 def _(candidate, rng):
     _refuse_library(candidate)
     for m, k, n in _matmul_cases(rng):
@@ -660,8 +660,8 @@ class _CountingMatmul:
         return a @ b
 
 
-@exercise("6.4.3", hint="C = A B gives dA = dC B^T and dB = A^T dC: check the shapes, dA has A's shape and dB "
-                        "has B's; make both with the matmul you are given")
+@exercise("6.4.3", hint="da must have a's shape and db b's shape: which product of g with b (or a), "
+                        "transposed or not, has that shape? Make both with the matmul you are given")
 def _(candidate, rng):
     for m, k, n in [(2, 3, 4), (1, 5, 1), (3, 3, 3), (4, 1, 2)]:
         a, b, g = rng.standard_normal((m, k)), rng.standard_normal((k, n)), rng.standard_normal((m, n))
