@@ -1,7 +1,6 @@
 """`python -m course doctor`: what this machine has for the course."""
 
 import importlib
-import os
 import platform
 import subprocess
 import sys
@@ -16,21 +15,21 @@ def _version(name):
 
 
 def gpu_report():
-    """Say whether part 6 will use a real GPU or Numba's CUDA simulator (checked in a child process,
-    so that this process can still choose the simulator later)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return "the CUDA simulator (NUMBA_ENABLE_CUDASIM=1 is set)"
-    probe = ("from numba import cuda\n"
-             "name = cuda.get_current_device().name if cuda.is_available() else ''\n"
-             "print(name.decode() if isinstance(name, bytes) else name)")
+    """Say where part 6's CUDA kernels will run: `course.kernels` chooses when it is imported
+    (asked in a child process, so that this process can still choose the simulator later)."""
+    probe = "import course.kernels as K; print(K.backend()); print(K.backend_reason())"
     try:
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-        name = out.stdout.strip()
-    except Exception:
-        name = ""
-    if name:
-        return f"a real GPU: {name}"
-    return "the CUDA simulator (no usable GPU found)"
+    except Exception as err:
+        return f"could not be determined ({type(err).__name__})"
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or len(lines) < 2:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"course.kernels does not import: {last}"
+    backend, reason = lines[0], lines[1]
+    if backend == "gpu":
+        return f"a real GPU: {reason}"
+    return f"the CUDA simulator ({reason})"
 
 
 def main():

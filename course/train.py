@@ -13,6 +13,10 @@ the cross-entropy of the logits against the targets; targets equal to -1 are ign
 The data is one long array of token ids; a batch is `batch_size` windows of `block_size + 1`
 tokens cut at random places: the first block_size tokens are the input, the same tokens shifted
 by one are the targets, so every position learns to predict the token after it.
+
+A task whose examples are not windows of one stream (a generated task, such as the selective
+copying of lesson 5.4) gives a function instead: `Trainer(model, config=..., batch_fn=f)` with
+`f(batch_size, rng) -> (x, y)`; evaluation then uses the same function with a fixed seed.
 """
 
 import importlib
@@ -92,16 +96,20 @@ def _block_size(model, block_size=None):
     return size
 
 
-def estimate_loss(model, data, batch_size, n_batches, seed=1234, block_size=None):
-    """Mean loss over `n_batches` batches drawn with a fixed seed (the same batches each time), in eval mode."""
+def estimate_loss(model, data, batch_size, n_batches, seed=1234, block_size=None, batch_fn=None):
+    """Mean loss over `n_batches` batches drawn with a fixed seed (the same batches each time), in eval mode.
+
+    The batches are windows of `data`, or, with `batch_fn`, `batch_fn(batch_size, rng)` (data unused).
+    """
     rng = np.random.default_rng(seed)
-    block_size = _block_size(model, block_size)
+    if batch_fn is None:
+        block_size = _block_size(model, block_size)
     was_training = model.training
     model.eval()
     losses = []
     with no_grad():
         for _ in range(n_batches):
-            x, y = get_batch(data, batch_size, block_size, rng)
+            x, y = get_batch(data, batch_size, block_size, rng) if batch_fn is None else batch_fn(batch_size, rng)
             losses.append(float(language_model_loss(model, x, y).data))
     model.train(was_training)
     return float(np.mean(losses))
@@ -118,20 +126,26 @@ def _progress(iterable, enabled, total):
 class Trainer:
     """Trains `model` on token array `train_data`, evaluating on `val_data` now and then.
 
+    Or, with `batch_fn(batch_size, rng) -> (x, y)`, on the batches it makes (train_data and
+    val_data are then not needed; evaluation draws from batch_fn with a fixed seed).
+
     `run()` returns the history and can be called again to continue (the schedule goes on from
     where it stopped). Same seed, same data, same model: the same losses, step by step.
     """
 
-    def __init__(self, model, train_data, val_data=None, config=None):
+    def __init__(self, model, train_data=None, val_data=None, config=None, batch_fn=None):
         self.model = model
         self.config = config or TrainerConfig()
         c = self.config
-        self.train_data = np.asarray(train_data)
+        if train_data is None and batch_fn is None:
+            raise ValueError("Trainer: give train_data (a token array) or batch_fn(batch_size, rng) -> (x, y)")
+        self.batch_fn = batch_fn
+        self.train_data = None if train_data is None else np.asarray(train_data)
         self.val_data = None if val_data is None else np.asarray(val_data)
         self.optimizer = optim.AdamW(param_groups(model, c.weight_decay), lr=c.learning_rate, betas=c.betas)
         self.schedule = optim.WarmupCosine(self.optimizer, c.warmup_iters, c.max_iters, c.min_lr_ratio)
         self.rng = np.random.default_rng(c.seed)
-        self.block_size = _block_size(model, c.block_size)
+        self.block_size = _block_size(model, c.block_size) if batch_fn is None else c.block_size
         self.step = 0
         self.history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
 
@@ -148,6 +162,9 @@ class Trainer:
         return float(loss.data), lr
 
     def evaluate(self):
+        if self.batch_fn is not None:
+            return estimate_loss(self.model, None, self.config.batch_size, self.config.eval_iters,
+                                 batch_fn=self.batch_fn)
         if self.val_data is None:
             return None
         return estimate_loss(self.model, self.val_data, self.config.batch_size, self.config.eval_iters,
@@ -163,7 +180,10 @@ class Trainer:
         steps = range(self.step, end)
         bar = _progress(steps, c.progress, iters)
         for step in bar if bar is not None else steps:
-            x, y = get_batch(self.train_data, c.batch_size, self.block_size, self.rng)
+            if self.batch_fn is None:
+                x, y = get_batch(self.train_data, c.batch_size, self.block_size, self.rng)
+            else:
+                x, y = self.batch_fn(c.batch_size, self.rng)
             loss, lr = self.train_step(x, y)
             self.step = step + 1
             h = self.history
@@ -171,7 +191,7 @@ class Trainer:
             h["loss"].append(loss)
             h["lr"].append(lr)
             due = self.step % c.eval_interval == 0 or self.step == end if c.eval_interval else False
-            if due and self.val_data is not None:
+            if due and (self.val_data is not None or self.batch_fn is not None):
                 h["val_step"].append(self.step)
                 h["val_loss"].append(self.evaluate())
                 self.model.train()

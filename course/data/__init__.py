@@ -1,12 +1,15 @@
 """Data sets for the lessons: generated from a seed or shipped inside the package, never downloaded.
 
-The credits of the shipped files are in course/data/README.md.
+The credits of the shipped files are in course/data/README.md. Generated sequence tasks (the
+selective copying of lesson 5.4) are in `course.data.tasks`.
 """
 
 import gzip
 from pathlib import Path
 
 import numpy as np
+
+from .tasks import SelectiveCopying, masked_accuracy, selective_copying
 
 HERE = Path(__file__).resolve().parent
 

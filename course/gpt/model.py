@@ -15,12 +15,12 @@ saved as NumPy arrays loads here by name, and the other way round.
 """
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .. import nn
+from ..sampling import check_generation, sample_next, top_k_filter  # noqa: F401  (shared with Mamba; public here as before)
 from ..tensor import Tensor, no_grad
 from ..tensor import functional as F
 
@@ -253,13 +253,7 @@ class GPT(nn.Module):
         the last block_size tokens, with positions 0..block_size-1 again: the stored keys carry
         the old positions, so from then on the cache is refilled from the cropped window each step.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
-            raise ValueError(f"generate: max_new_tokens must be a whole number of tokens, 0 or more, "
-                             f"got {max_new_tokens!r}")
-        if do_sample and not temperature > 0:
-            raise ValueError(f"generate: temperature must be positive, got {temperature} "
-                             f"(use do_sample=False for the likeliest token)")
-        _check_top_k(top_k, self.config.vocab_size)
+        check_generation(max_new_tokens, temperature, top_k, do_sample, self.config.vocab_size)
         idx = self._check_idx(np.atleast_2d(np.asarray(idx)), check_length=False)
         if idx.shape[1] == 0:
             raise ValueError("generate: the prompt is empty: give at least one token id to start from "
@@ -285,37 +279,3 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
-
-
-def _check_top_k(top_k, vocab_size=None):
-    if top_k is None:
-        return
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-        raise ValueError(f"top_k must be a whole number of tokens, 1 or more (or None for all "
-                         f"{vocab_size or 'the'} tokens), got {top_k!r}")
-
-
-def top_k_filter(logits, k):
-    """Set every logit below the k-th largest of its row to -inf (ties with it are kept)."""
-    if k is None or k >= logits.shape[-1]:
-        return logits
-    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
-    return np.where(logits < kth, -np.inf, logits)
-
-
-def sample_next(logits, temperature=1.0, top_k=None, do_sample=True, rng=None):
-    """One token id per row of `logits` (B, vocab): the likeliest, or drawn from softmax(logits / T)."""
-    _check_top_k(top_k)
-    logits = np.asarray(logits, dtype=np.float64)  # float64: the draw does not depend on rounding
-    if not do_sample:
-        return logits.argmax(axis=-1)
-    logits = top_k_filter(logits / temperature, top_k)
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    # Inverse-CDF sampling: the first token whose cumulative probability passes a uniform draw.
-    # The draw is scaled to the last cumulative value (1 up to rounding), and a token's cumulative
-    # value must strictly pass it, so a token of probability 0 (cut by top-k) is never picked.
-    cdf = np.cumsum(probs, axis=-1)
-    u = rng.random((len(probs), 1)) * cdf[:, -1:]
-    picked = (cdf <= u).sum(axis=-1)
-    return np.minimum(picked, probs.shape[-1] - 1)

@@ -1,0 +1,123 @@
+"""Choosing where CUDA kernels run: a real GPU, or Numba's CUDA simulator.
+
+Numba decides once, when `numba.cuda` is first imported, whether `@cuda.jit` compiles for a GPU
+or runs each CUDA thread as a Python thread on the CPU (the simulator, switched on by the
+environment variable NUMBA_ENABLE_CUDASIM=1). So the choice has to be made before that import,
+and without numba's help: we ask the CUDA driver directly (through ctypes) whether it sees a
+GPU, then check that numba-cuda can use it: its CUDA bindings are not newer than the driver
+(a CUDA 12 driver needs `pip install "numba-cuda[cu12]"`) and the NVVM compiler is installed.
+Where it cannot, kernels run on the simulator and `backend_reason()` says what to install.
+
+    COURSE_CUDA=simulator   always use the simulator (also when there is a GPU)
+    COURSE_CUDA=gpu         insist on a GPU: an error if there is none
+"""
+
+import ctypes
+import os
+import sys
+
+_CHOICES = ("gpu", "simulator")
+_RESTART = ("Restart the kernel (Kernel > Restart) and run `import course.kernels` before anything "
+            "that imports numba.cuda")
+
+
+def _find_gpu():
+    """(True, its name) if the CUDA driver reports a GPU that numba-cuda can compile for, else (False, why)."""
+    names = {"win32": ["nvcuda.dll"], "darwin": []}.get(sys.platform, ["libcuda.so.1", "libcuda.so"])
+    driver = None
+    for name in names:
+        try:
+            driver = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if driver is None:
+        return False, "no CUDA driver on this machine"
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return False, "the CUDA driver sees no GPU"
+    device, raw = ctypes.c_int(0), ctypes.create_string_buffer(256)
+    driver.cuDeviceGet(ctypes.byref(device), 0)
+    driver.cuDeviceGetName(raw, 256, device)
+    gpu = raw.value.decode(errors="replace") or "a GPU"
+    version = ctypes.c_int(0)
+    driver.cuDriverGetVersion(ctypes.byref(version))
+    driver_major = version.value // 1000
+    try:  # numba-cuda talks to the driver through cuda-bindings, whose major version must not be newer
+        from importlib.metadata import version as installed
+        bindings_major = int(installed("cuda-bindings").split(".")[0])
+    except Exception:
+        bindings_major = None
+    if bindings_major is not None and driver_major and bindings_major > driver_major:
+        return False, (f"{gpu} is there, but its driver speaks CUDA {driver_major} and numba-cuda's "
+                       f"cuda-bindings {bindings_major}: pip install 'numba-cuda[cu{driver_major}]'")
+    try:  # numba-cuda compiles kernels with NVVM, which comes with the CUDA toolkit's pip wheels
+        from cuda.bindings import nvvm
+        nvvm.version()
+    except Exception:
+        return False, (f"{gpu} is there, but numba-cuda cannot compile for it (NVVM is missing: "
+                       f"pip install 'numba-cuda[cu{driver_major or 12}]')")
+    return True, gpu
+
+
+def _running_simulator(cuda):
+    return cuda.jit.__module__.startswith("numba.cuda.simulator")
+
+
+def choose():
+    """Pick the backend, import numba.cuda accordingly, and return (backend, cuda module, why)."""
+    forced = os.environ.get("COURSE_CUDA", "").strip().lower()
+    if forced and forced not in _CHOICES:
+        raise ValueError(f"COURSE_CUDA={forced!r} is not a backend; the known ones are {', '.join(_CHOICES)}")
+
+    if "numba.cuda" in sys.modules:  # too late to choose: take what is there, if it can work
+        from numba import cuda
+        if _running_simulator(cuda):
+            if forced == "gpu":
+                raise RuntimeError(f"COURSE_CUDA=gpu, but numba.cuda was imported with the simulator on. {_RESTART}.")
+            return "simulator", cuda, "numba.cuda was already imported with the simulator"
+        if forced == "simulator":
+            raise RuntimeError(f"COURSE_CUDA=simulator, but numba.cuda was imported without the simulator. "
+                               f"{_RESTART}, or set NUMBA_ENABLE_CUDASIM=1 before starting Python.")
+        if not cuda.is_available():
+            raise RuntimeError(f"numba.cuda was imported before course.kernels, without the CUDA simulator, "
+                               f"and there is no usable GPU, so no kernel could run. {_RESTART}: it then "
+                               f"switches the simulator on by itself.")
+        return "gpu", cuda, "numba.cuda was already imported and finds a GPU"
+
+    if forced == "simulator":
+        use_gpu, why = False, "COURSE_CUDA=simulator"
+    elif os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and forced != "gpu":
+        use_gpu, why = False, "NUMBA_ENABLE_CUDASIM=1 is set"
+    else:
+        use_gpu, why = _find_gpu()
+        if forced == "gpu" and not use_gpu:
+            raise RuntimeError(f"COURSE_CUDA=gpu, but {why}")
+        if not use_gpu:
+            why = f"{why}: CUDA kernels run on Numba's CUDA simulator"
+
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if use_gpu else "1"
+    if "numba" in sys.modules:  # numba itself (not numba.cuda) is loaded: make it reread the setting
+        from numba.core import config
+        config.reload_config()
+    from numba import cuda
+    if _running_simulator(cuda) == use_gpu:
+        mode = "gpu" if use_gpu else "simulator"
+        raise RuntimeError(f"numba.cuda did not start in the mode chosen ({mode}). {_RESTART}.")
+    if use_gpu and not cuda.is_available():
+        raise RuntimeError(f"numba finds no usable GPU although the driver reports {why}; "
+                           f"set COURSE_CUDA=simulator to use the simulator")
+    return ("gpu" if use_gpu else "simulator"), cuda, why
+
+
+BACKEND, cuda, REASON = choose()
+
+
+def backend():
+    """Where CUDA kernels run: "gpu" (a real one) or "simulator" (Numba's, on the CPU)."""
+    return BACKEND
+
+
+def backend_reason():
+    """Why that backend was chosen, in words (for `python -m course doctor`)."""
+    return REASON

@@ -1,0 +1,445 @@
+"""The checks of part 5: a stub is not attempted, a wrong answer fails naming the input and what to
+fix, a right answer passes."""
+
+import numpy as np
+import pytest
+
+from course.exercises import check
+
+pytestmark = pytest.mark.part5
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def forgot_return(*args, **kwargs):
+    pass
+
+
+# ---- 5.1 right answers -------------------------------------------------------------------------------
+
+
+def discretize_zoh(A, B, delta):
+    safe = np.where(A == 0, 1.0, A)
+    factor = np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe))  # its limit, 1, where A = 0
+    return np.exp(delta * A), factor * delta * B
+
+
+def discretize_mamba(delta, A, B, u):
+    return np.exp(delta[..., None] * A), np.einsum("bld,bln->bldn", delta * u, B)
+
+
+def ssm_kernel(A_bar, B_bar, C, L):
+    return (A_bar[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
+
+
+def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
+    x, y = x0, []
+    for u_k in u:
+        x = A_bar * x + B_bar * u_k
+        y.append(C @ x + D * u_k)
+    return y, x  # a list is fine
+
+
+# ---- 5.1 wrong answers -------------------------------------------------------------------------------
+
+
+def zoh_simple_b(A, B, delta):
+    return np.exp(delta * A), delta * B
+
+
+def zoh_nan_at_zero(A, B, delta):
+    A_bar = np.exp(delta * A)
+    return A_bar, (A_bar - 1) / (delta * A) * (delta * B)
+
+
+def mamba_with_zoh(delta, A, B, u):
+    deltaA, deltaB_u = discretize_mamba(delta, A, B, u)
+    dA = delta[..., None] * A
+    return deltaA, deltaB_u * np.expm1(dA) / dA
+
+
+def kernel_from_one(A_bar, B_bar, C, L):
+    return (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * B_bar)
+
+
+def recurrence_reads_old_state(A_bar, B_bar, C, D, u, x0):
+    x, y = x0, []
+    for u_k in u:
+        y.append(C @ x + D * u_k)
+        x = A_bar * x + B_bar * u_k
+    return np.array(y), x
+
+
+def recurrence_without_d(A_bar, B_bar, C, D, u, x0):
+    return ssm_recurrence(A_bar, B_bar, C, 0.0, u, x0)
+
+
+def recurrence_from_zero(A_bar, B_bar, C, D, u, x0):
+    return ssm_recurrence(A_bar, B_bar, C, D, u, np.zeros_like(x0))
+
+
+# ---- 5.2 right and wrong answers ------------------------------------------------------------------
+
+
+def combine(first, second):
+    (a1, b1), (a2, b2) = first, second
+    return a1 * a2, a2 * b1 + b2
+
+
+def combine_affine(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A2 @ A1, A2 @ b1 + b2
+
+
+def combine_affine_wrong_order(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A1 @ A2, A2 @ b1 + b2
+
+
+def combine_affine_offset_wrong(first, second):
+    (A1, b1), (A2, b2) = first, second
+    return A2 @ A1, A1 @ b2 + b1
+
+
+def scan_step(x, u_t, delta_t, A, B_t, C_t, D):
+    x_new = np.exp(delta_t[..., None] * A) * x + np.einsum("bd,bn->bdn", delta_t * u_t, B_t)
+    return x_new, np.einsum("bdn,bn->bd", x_new, C_t) + D * u_t
+
+
+def scan_step_old_state(x, u_t, delta_t, A, B_t, C_t, D):
+    x_new, _ = scan_step(x, u_t, delta_t, A, B_t, C_t, D)
+    return x_new, np.einsum("bdn,bn->bd", x, C_t) + D * u_t
+
+
+def selective_scan_from(u, delta, A, B, C, D, h0):
+    h = h0
+    ys = []
+    for k in range(u.shape[1]):
+        h, y = scan_step(h, u[:, k], delta[:, k], A, B[:, k], C[:, k], D)
+        ys.append(y)
+    return np.stack(ys, axis=1), h
+
+
+def selective_scan_without_d(u, delta, A, B, C, D, h0):
+    return selective_scan_from(u, delta, A, B, C, np.zeros_like(D), h0)
+
+
+def selective_scan_from_zero(u, delta, A, B, C, D, h0):
+    return selective_scan_from(u, delta, A, B, C, D, np.zeros_like(h0))
+
+
+def selective_scan_by_library(u, delta, A, B, C, D, h0):
+    from course.mamba import selective_scan
+    return selective_scan(u, delta, A, B, C, D), h0
+
+
+def combine_by_library(first, second):
+    from course.mamba.scan import combine
+    return combine(first, second)
+
+
+def parallel_scan_by_library(a, b, combine):
+    from course.mamba.scan import linear_recurrence
+    return linear_recurrence(a[None], b[None], "parallel")[0]
+
+
+def parallel_scan(a, b, combine):
+    a, b = np.array(a, dtype=float), np.array(b, dtype=float)
+    offset = 1
+    while offset < len(a):
+        a[offset:], b[offset:] = combine((a[:-offset], b[:-offset]), (a[offset:], b[offset:]))
+        offset *= 2
+    return b
+
+
+def scan_one_by_one(a, b, combine):
+    h = [(a[0], b[0])]
+    for t in range(1, len(a)):
+        h.append(combine(h[-1], (a[t], b[t])))
+    return np.array([p[1] for p in h])
+
+
+# ---- 5.3 right and wrong answers ------------------------------------------------------------------
+
+
+def rms_norm_backward(x, weight, grad, eps=1e-5):
+    r = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    xhat = x * r
+    gw = grad * weight
+    dx = r * (gw - xhat * (gw * xhat).mean(-1, keepdims=True))
+    return dx, (grad * xhat).reshape(-1, x.shape[-1]).sum(0)
+
+
+def rms_norm_backward_constant_r(x, weight, grad, eps=1e-5):
+    r = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return grad * weight * r, (grad * x * r).reshape(-1, x.shape[-1]).sum(0)
+
+
+def rms_norm_backward_by_library(x, weight, grad, eps=1e-5):
+    from course.mamba import rms_norm
+    from course.tensor import Tensor
+    xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
+    rms_norm(xt, wt, eps).backward(grad)
+    return xt.grad, wt.grad
+
+
+def causal_conv1d(x, weight, bias):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    padded = np.concatenate([np.zeros((b, k - 1, d)), x], axis=1)
+    return sum(padded[:, j:j + l] * weight[:, j] for j in range(k)) + bias
+
+
+def causal_conv1d_backward(x, weight, grad):
+    b, l, d = x.shape
+    k = weight.shape[1]
+    padded_g = np.concatenate([grad, np.zeros((b, k - 1, d))], axis=1)  # outputs past the end: no gradient
+    padded_x = np.concatenate([np.zeros((b, k - 1, d)), x], axis=1)
+    dx = sum(padded_g[:, k - 1 - j:k - 1 - j + l] * weight[:, j] for j in range(k))
+    dw = np.stack([(grad * padded_x[:, j:j + l]).sum(axis=(0, 1)) for j in range(k)], axis=1)
+    return dx, dw
+
+
+def causal_conv1d_backward_forward_in_time(x, weight, grad):
+    _, dw = causal_conv1d_backward(x, weight, grad)
+    return causal_conv1d(grad, weight, 0.0), dw
+
+
+def causal_conv1d_backward_by_library(x, weight, grad):
+    from course.mamba import causal_conv1d
+    from course.tensor import Tensor
+    xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
+    causal_conv1d(xt, wt, None).backward(grad)
+    return xt.grad, wt.grad
+
+
+def conv_step(conv_state, u_t, weight, bias):
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return (window * weight.T).sum(axis=1) + bias, window[:, 1:]
+
+
+def conv_step_state_stays(conv_state, u_t, weight, bias):
+    return conv_step(conv_state, u_t, weight, bias)[0], conv_state
+
+
+def conv_step_drops_newest(conv_state, u_t, weight, bias):
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return conv_step(conv_state, u_t, weight, bias)[0], window[:, :-1]
+
+
+def conv_step_by_library(conv_state, u_t, weight, bias):
+    from course.mamba import causal_conv1d
+    from course.tensor import Tensor
+    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
+    return causal_conv1d(Tensor(window), Tensor(weight), Tensor(bias)).data[:, -1], window[:, 1:]
+
+
+def ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    r = dt_proj_weight.shape[1]
+    dbc = u @ x_proj_weight.T
+    return np.logaddexp(0, dbc[..., :r] @ dt_proj_weight.T + dt_proj_bias), dbc[..., r:r + n], dbc[..., r + n:]
+
+
+def ssm_parameters_no_softplus(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    r = dt_proj_weight.shape[1]
+    _, B, C = ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n)
+    return (u @ x_proj_weight.T)[..., :r] @ dt_proj_weight.T + dt_proj_bias, B, C
+
+
+def ssm_parameters_swapped(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n):
+    delta, B, C = ssm_parameters(u, x_proj_weight, dt_proj_weight, dt_proj_bias, n)
+    return delta, C, B
+
+
+def count_parameters(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    E, d, n, k = d_model, expand * d_model, d_state, d_conv
+    r = -(-d_model // 16)
+    layer = E + 3 * d * E + d * k + d + d * (r + 2 * n) + r * d + d + d * n + d
+    return n_layer * layer + (-(-vocab_size // 8) * 8) * E + E
+
+
+def count_parameters_untied(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + (-(-vocab_size // 8) * 8) * d_model
+
+
+def count_parameters_unpadded(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    padded = -(-vocab_size // 8) * 8
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) - (padded - vocab_size) * d_model
+
+
+def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    from course.mamba import Mamba, MambaConfig
+    config = MambaConfig(d_model, n_layer, vocab_size, d_state=d_state, expand=expand, d_conv=d_conv)
+    return Mamba(config).num_parameters()
+
+
+# ---- 5.4 right and wrong answers ------------------------------------------------------------------
+
+
+def masked_accuracy(logits, targets, vocab_size):
+    keep = targets != -1
+    return (logits[..., :vocab_size].argmax(-1) == targets)[keep].mean()
+
+
+def masked_accuracy_all_positions(logits, targets, vocab_size):
+    return (logits[..., :vocab_size].argmax(-1) == targets).mean()
+
+
+def masked_accuracy_with_padding(logits, targets, vocab_size):
+    keep = targets != -1
+    return (logits.argmax(-1) == targets)[keep].mean()
+
+
+def masked_accuracy_by_library(logits, targets, vocab_size):
+    from course.data import masked_accuracy
+    return masked_accuracy(logits, targets, vocab_size)
+
+
+def sequence_accuracy(logits, targets, vocab_size):
+    right = (logits[..., :vocab_size].argmax(-1) == targets) | (targets == -1)
+    return right.all(axis=-1).mean()
+
+
+def sequence_accuracy_per_token(logits, targets, vocab_size):
+    return masked_accuracy(logits, targets, vocab_size)
+
+
+def gpt_count(vocab_size, block_size, n_layer, C):
+    return (vocab_size + block_size) * C + n_layer * (12 * C * C + 13 * C) + 2 * C + vocab_size * C
+
+
+def gpt_width(n_params, vocab_size, block_size, n_layer, n_head):
+    best, C = None, n_head
+    while best is None or gpt_count(vocab_size, block_size, n_layer, C - n_head) < n_params:
+        if best is None or abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params) < \
+                abs(gpt_count(vocab_size, block_size, n_layer, best) - n_params):
+            best = C
+        C += n_head
+    return best
+
+
+def gpt_width_no_biases(n_params, vocab_size, block_size, n_layer, n_head):
+    widths = range(n_head, 4096, n_head)
+    return min(widths, key=lambda C: abs((vocab_size * 2 + block_size) * C + n_layer * 12 * C * C - n_params))
+
+
+def gpt_width_any(n_params, vocab_size, block_size, n_layer, n_head):
+    return min(range(1, 4096), key=lambda C: abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params))
+
+
+CASES = [
+    ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
+    ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
+    ("5.1.3", ssm_kernel, kernel_from_one, "starts at A_bar**1"),
+    ("5.1.4", ssm_recurrence, recurrence_reads_old_state, "before the update"),
+    ("5.2.1", combine_affine, combine_affine_wrong_order, "wrong order"),
+    ("5.2.2", scan_step, scan_step_old_state, "old state"),
+    ("5.2.3", selective_scan_from, selective_scan_without_d, "skip term"),
+    ("5.2.4", parallel_scan, scan_one_by_one, "log-depth scan"),
+    ("5.3.1", rms_norm_backward, rms_norm_backward_constant_r, "as a constant"),
+    ("5.3.2", causal_conv1d_backward, causal_conv1d_backward_forward_in_time, "forward in time"),
+    ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
+    ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
+    ("5.3.5", count_parameters, count_parameters_untied, "tied"),
+    ("5.4.1", masked_accuracy, masked_accuracy_all_positions, "every position"),
+    ("5.4.2", sequence_accuracy, sequence_accuracy_per_token, "all its answers"),
+    ("5.4.3", gpt_width, gpt_width_no_biases, "expected n_embd="),
+]
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES, ids=[c[0] for c in CASES])
+def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
+    assert check(exercise_id, stub).status == "not attempted"
+    failed = check(exercise_id, wrong)
+    assert failed.status == "failed"
+    assert named in failed.message
+    forgot = check(exercise_id, forgot_return)
+    assert forgot.status == "failed" and "forget `return`" in forgot.message
+    assert check(exercise_id, right).status == "passed"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
+
+
+@pytest.mark.parametrize("exercise_id,candidate,named", [
+    ("5.1.4", recurrence_without_d, "skip term"),
+    ("5.1.4", recurrence_from_zero, "ignore x0"),
+    ("5.1.1", zoh_nan_at_zero, "nan where A = 0"),
+    ("5.2.1", combine_affine_offset_wrong, "second applied first"),
+    ("5.2.3", selective_scan_from_zero, "zero state"),
+    ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), "deltaA"),
+    ("5.2.1", combine_by_library, "write it yourself"),
+    ("5.2.3", selective_scan_by_library, "write it yourself"),
+    ("5.2.4", parallel_scan_by_library, "write it yourself"),
+    ("5.3.1", rms_norm_backward_by_library, "write it yourself"),
+    ("5.3.2", causal_conv1d_backward_by_library, "write it yourself"),
+    ("5.3.3", conv_step_drops_newest, "newest input"),
+    ("5.3.3", conv_step_by_library, "write it yourself"),
+    ("5.3.4", ssm_parameters_swapped, "swapped"),
+    ("5.3.5", count_parameters_unpadded, "padded"),
+    ("5.3.5", count_parameters_by_library, "write it yourself"),
+    ("5.4.1", masked_accuracy_with_padding, "padding id"),
+    ("5.4.1", masked_accuracy_by_library, "write it yourself"),
+    ("5.4.3", gpt_width_any, "multiple of n_head"),
+], ids=["5.1.4-no-D", "5.1.4-from-zero", "5.1.1-nan-at-zero", "5.2.1-offset", "5.2.3-from-zero", "5.1.2-no-exp",
+        "5.2.1-library", "5.2.3-library", "5.2.4-library",
+        "5.3.1-library", "5.3.2-library", "5.3.3-drops-newest", "5.3.3-library", "5.3.4-swapped", "5.3.5-unpadded",
+        "5.3.5-library", "5.4.1-padding", "5.4.1-library", "5.4.3-not-multiple"])
+def test_near_misses_fail(exercise_id, candidate, named):
+    result = check(exercise_id, candidate)
+    assert result.status == "failed" and named in result.message, result.message
+
+
+@pytest.mark.parametrize("exercise_id,candidate", [
+    ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_zoh(A, B, d))),
+    ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel(A_bar, B_bar, C, L))),
+], ids=["5.1.1-float32", "5.1.3-list"])
+def test_other_right_answers_pass(exercise_id, candidate):
+    assert check(exercise_id, candidate).status == "passed"
+
+
+def test_library_refused_even_when_imported_before_the_check():
+    from course.mamba import selective_scan as scan  # bound before the check, as a notebook's import cell does
+
+    def candidate(u, delta, A, B, C, D, h0):
+        return scan(u, delta, A, B, C, D), h0
+
+    result = check("5.2.3", candidate)
+    assert result.status == "failed" and "write it yourself" in result.message
+    ones = np.ones((1, 2, 1))
+    args = [ones, ones, -np.ones((1, 1)), ones, ones, np.ones(1)]
+    assert np.asarray(scan(*args)).shape == (1, 2, 1)  # and it works again afterwards
+
+
+@pytest.mark.parametrize("config", [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (40, 3, 10, 8, 1, 2),
+                                    (24, 2, 3, 5, 3, 5)])
+def test_the_parameter_count_of_5_3_5_is_the_library_count(config):
+    from course.mamba import Mamba, MambaConfig
+    E, L, V, n, expand, k = config
+    model = Mamba(MambaConfig(E, L, V, d_state=n, expand=expand, d_conv=k))
+    assert count_parameters(*config) == model.num_parameters()
+
+
+def test_the_backward_references_of_5_3_agree_with_finite_differences():
+    from course.exercises.part5 import _ref_conv, _ref_conv_backward, _ref_rms_backward
+    rng = np.random.default_rng(0)
+    x, w, g = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 5, 3))
+    rx, rw, rg = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=(2, 3, 6))
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w
+
+    for f, args, ref in [(lambda x, w: _ref_conv(x, w, np.zeros(3)), (x, w), _ref_conv_backward(x, w, g)),
+                         (rms, (rx, rw), _ref_rms_backward(rx, rw, rg))]:
+        grad_out = g if f is not rms else rg
+        for i, a in enumerate(args):
+            numeric = np.zeros_like(a)
+            for idx in np.ndindex(*a.shape):
+                old = a[idx]
+                a[idx] = old + 1e-6
+                plus = (f(*args) * grad_out).sum()
+                a[idx] = old - 1e-6
+                minus = (f(*args) * grad_out).sum()
+                a[idx] = old
+                numeric[idx] = (plus - minus) / 2e-6
+            assert np.allclose(ref[i], numeric, rtol=1e-5, atol=1e-8)

@@ -1,0 +1,108 @@
+"""The CPU twins (`course.kernels.cpu`, numba.njit) against NumPy, in float32 and float64."""
+
+import numpy as np
+import pytest
+
+import course.kernels as K
+from course.kernels import cpu
+
+from test_part6_kernels import np_layer_norm, np_scan, np_softmax, scan_inputs  # noqa: E402
+
+pytestmark = pytest.mark.part6
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+def arr(rng, *shape, dtype=np.float64, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vector_add_reduce_sum_reduce_rows_add_row(rng, dtype):
+    a, b = arr(rng, 3, 11, dtype=dtype), arr(rng, 3, 11, dtype=dtype)
+    np.testing.assert_array_equal(cpu.vector_add(a, b), a + b)
+    assert cpu.reduce_sum(arr(rng, 1000, dtype=dtype)).dtype == dtype
+    x = arr(rng, 1001, dtype=dtype)
+    np.testing.assert_allclose(cpu.reduce_sum(x), x.astype(np.float64).sum(), **TOL[dtype])
+    np.testing.assert_allclose(cpu.reduce_rows(a), a.sum(0), **TOL[dtype])
+    np.testing.assert_array_equal(cpu.add_row(a, b[0]), a + b[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (13, 9, 10), (4, 0, 2), (8, 16, 12)])
+def test_matmul_on_awkward_shapes(rng, dtype, m, k, n):
+    a, b = arr(rng, m, k, dtype=dtype), arr(rng, k, n, dtype=dtype)
+    got = cpu.matmul(a, b)
+    assert got.shape == (m, n) and got.dtype == dtype
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, **TOL[dtype])
+
+
+def test_matmul_takes_a_transposed_view_and_batches(rng):
+    a, b = arr(rng, 9, 6), arr(rng, 7, 6)
+    np.testing.assert_allclose(cpu.matmul(a, b.T), a @ b.T, rtol=1e-12)
+    np.testing.assert_allclose(cpu.matmul_bt(a, b), a @ b.T, rtol=1e-12)
+    a3, b3 = arr(rng, 2, 3, 5, 7), arr(rng, 2, 3, 7, 6)
+    np.testing.assert_allclose(cpu.matmul(a3, b3), a3 @ b3, rtol=1e-12)
+
+
+def test_matmul_errors_name_both_shapes(rng):
+    with pytest.raises(ValueError, match=r"\(3, 4\) and \(5, 2\)"):
+        cpu.matmul(arr(rng, 3, 4), arr(rng, 5, 2))
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\) and \(3, 4, 2\)"):
+        cpu.matmul(arr(rng, 2, 3, 4), arr(rng, 3, 4, 2))
+    with pytest.raises(TypeError, match="int64.*float32 or float64"):
+        cpu.matmul(np.ones((2, 2), np.int64), arr(rng, 2, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_and_backward(rng, dtype):
+    x, g = arr(rng, 3, 33, dtype=dtype, scale=5), arr(rng, 3, 33, dtype=dtype)
+    x[0, 0] = 1e4  # exp would overflow without the maximum subtracted
+    s = cpu.softmax(x)
+    np.testing.assert_allclose(s, np_softmax(x.astype(np.float64)), **TOL[dtype])
+    np.testing.assert_allclose(cpu.softmax_backward(s, g), s * (g - (g * s).sum(1, keepdims=True)), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_and_backward(rng, dtype):
+    x, g = arr(rng, 4, 45, dtype=dtype, scale=3) + 2, arr(rng, 4, 45, dtype=dtype)
+    w, b = arr(rng, 45, dtype=dtype), arr(rng, 45, dtype=dtype)
+    y, mean, rstd = cpu.layer_norm(x, w, b, return_stats=True)
+    np.testing.assert_allclose(y, np_layer_norm(x.astype(np.float64), w, b), **TOL[dtype])
+    x64 = x.astype(np.float64)
+    xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    gy = g * w
+    dx = (gy - gy.mean(1, keepdims=True) - xhat * (gy * xhat).mean(1, keepdims=True)) / np.sqrt(
+        x64.var(1, keepdims=True) + 1e-5)
+    got = cpu.layer_norm_backward(x, w, mean, rstd, g)
+    for name, value, expected in zip(("dx", "dw", "db"), got, (dx, (g * xhat).sum(0), g.sum(0))):
+        np.testing.assert_allclose(value, expected, rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 10,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selective_scan_matches_the_cuda_kernel_and_numpy(rng, dtype):
+    args = scan_inputs(rng, dtype=dtype)
+    y, states = cpu.selective_scan(*args, return_states=True)
+    np.testing.assert_allclose(y, np_scan(*[a.astype(np.float64) for a in args]), **TOL[dtype])
+    g = arr(rng, *y.shape, dtype=dtype)
+    ours = cpu.selective_scan_backward(g, *args, states)
+    args32 = [a.astype(np.float32) for a in args]
+    _, states32 = K.selective_scan(*args32, return_states=True)
+    theirs = K.selective_scan_backward(g.astype(np.float32), *args32, states32)
+    for name, a, b in zip("u delta A B C D".split(), ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+def test_scan_shapes_that_do_not_fit_are_named(rng):
+    u, delta, A, B, C, D = scan_inputs(rng)
+    with pytest.raises(ValueError, match=r"D \(2,\)"):
+        cpu.selective_scan(u, delta, A, B, C, D[:2])
+
+
+def test_cpu_calls_are_counted(rng):
+    K.reset_launches()
+    cpu.matmul(arr(rng, 2, 2), arr(rng, 2, 2))
+    cpu.softmax(arr(rng, 2, 2))
+    assert K.launches() == {"cpu.matmul": 1, "cpu.softmax": 1}

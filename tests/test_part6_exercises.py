@@ -1,0 +1,728 @@
+"""The checks of part 6: a stub is not attempted, the classic mistakes (a race, a missing guard, an
+off-by-one index, a forgotten barrier, a forgotten return) fail with a message in words, and a
+right answer passes."""
+
+import math
+
+import numpy as np
+import pytest
+
+import course.kernels as K
+from course.exercises import check
+from course.kernels import cuda
+from course.tensor import operation
+
+from numba import float32  # noqa: E402  (after course.kernels, which chooses the CUDA backend)
+
+pytestmark = pytest.mark.part6
+
+TPB = 32
+TILE = 4
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@cuda.jit
+def stub_kernel(*args):
+    raise NotImplementedError  # your code here
+
+
+# ===== 6.1 ===========================================================================================
+
+
+def global_index_2d(block_idx, block_dim, thread_idx):
+    return tuple(b * d + t for b, d, t in zip(block_idx, block_dim, thread_idx))
+
+
+def global_index_2d_no_block_dim(block_idx, block_dim, thread_idx):
+    return tuple(b + t for b, t in zip(block_idx, thread_idx))
+
+
+def global_index_2d_swapped(block_idx, block_dim, thread_idx):
+    return global_index_2d(block_idx, block_dim, thread_idx)[::-1]
+
+
+@cuda.jit
+def scale(x, alpha, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_no_guard(x, alpha, out):
+    i = cuda.grid(1)
+    out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_guard_off_by_one(x, alpha, out):
+    i = cuda.grid(1)
+    if i <= x.size:
+        out[i] = alpha * x[i]
+
+
+@cuda.jit
+def scale_block_index_only(x, alpha, out):
+    i = cuda.threadIdx.x  # forgets the blocks before this one: every block writes the first elements
+    if i < x.size:
+        out[i] = alpha * x[i]
+
+
+def grid_for(shape, block):
+    rows, cols = shape
+    return ((cols + block[0] - 1) // block[0], (rows + block[1] - 1) // block[1])
+
+
+def grid_for_floor(shape, block):
+    rows, cols = shape
+    return (cols // block[0], rows // block[1])
+
+
+def grid_for_one_extra(shape, block):
+    rows, cols = shape
+    return (cols // block[0] + 1, rows // block[1] + 1)
+
+
+def grid_for_axes_swapped(shape, block):
+    return tuple((s + b - 1) // b for s, b in zip(shape, block))
+
+
+@cuda.jit
+def add_matrices(a, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = a[row, col] + b[row, col]
+
+
+@cuda.jit
+def add_matrices_guard_rows_only(a, b, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0]:
+        out[row, col] = a[row, col] + b[row, col]
+
+
+@cuda.jit
+def add_matrices_swapped(a, b, out):
+    row, col = cuda.grid(2)  # x taken as the row: the grid was sized for x along the columns
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = a[row, col] + b[row, col]
+
+
+@cuda.jit
+def scale_strided(x, alpha, out):
+    i = cuda.grid(1)
+    while i < x.size:
+        out[i] = alpha * x[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def scale_strided_by_block(x, alpha, out):
+    i = cuda.grid(1)
+    while i < x.size:
+        out[i] = alpha * x[i]
+        i += cuda.blockDim.x  # the step of one block, not the grid: blocks overwrite each other
+
+
+# ===== 6.2 ===========================================================================================
+
+
+@cuda.jit
+def reverse_in_place(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - 1 - t]
+    cuda.syncthreads()
+    x[t] = v
+
+
+@cuda.jit
+def reverse_in_place_no_barrier(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - 1 - t]
+    x[t] = v
+
+
+@cuda.jit
+def reverse_off_by_one(x):
+    t = cuda.threadIdx.x
+    v = x[x.size - t]
+    cuda.syncthreads()
+    x[t] = v
+
+
+@cuda.jit
+def block_sum(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_barrier(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_padding(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        cache[t] = x[i]
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_load_unguarded(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    cache[t] = x[cuda.grid(1)]
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def rms_norm_rows(x, weight, eps, out):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        s += x[row, j] * x[row, j]
+    cache[t] = s
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def rms_norm_one_thread(x, weight, eps, out):
+    # right, if slow: thread 0 of each block does the whole row
+    row = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0:
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += x[row, j] * x[row, j]
+        r = 1 / math.sqrt(s / x.shape[1] + eps)
+        for j in range(x.shape[1]):
+            out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def rms_norm_no_barrier(x, weight, eps, out):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        s += x[row, j] * x[row, j]
+    cache[t] = s
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def rms_norm_one_column_per_thread(x, weight, eps, out):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    cache[t] = x[row, t] * x[row, t] if t < n else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t < n:
+        out[row, t] = x[row, t] / math.sqrt(cache[0] / n + eps) * weight[t]
+
+
+@cuda.jit
+def rms_norm_eps_outside(x, weight, eps, out):
+    row = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0:
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += x[row, j] * x[row, j]
+        r = 1 / (math.sqrt(s / x.shape[1]) + eps)
+        for j in range(x.shape[1]):
+            out[row, j] = x[row, j] * r * weight[j]
+
+
+# ===== 6.3 ===========================================================================================
+
+
+@cuda.jit
+def matmul_bt(a, bt, c):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[col, k]
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_not_transposed(a, bt, c):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[k, col]  # as if bt were B
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_guard_off_by_one(a, bt, c):
+    col, row = cuda.grid(2)
+    if row <= c.shape[0] and col <= c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[col, k]
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx] if row < a.shape[0] and start + tx < a.shape[1] else 0
+        tile_b[ty, tx] = bt[col, start + ty] if col < bt.shape[0] and start + ty < bt.shape[1] else 0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_load_unguarded(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx]
+        tile_b[ty, tx] = bt[col, start + ty]
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_no_zero(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        if row < a.shape[0] and start + tx < a.shape[1]:
+            tile_a[ty, tx] = a[row, start + tx]
+        if col < bt.shape[0] and start + ty < bt.shape[1]:
+            tile_b[ty, tx] = bt[col, start + ty]
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def matmul_bt_tiled_no_second_barrier(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        tile_a[ty, tx] = a[row, start + tx] if row < a.shape[0] and start + tx < a.shape[1] else 0
+        tile_b[ty, tx] = bt[col, start + ty] if col < bt.shape[0] and start + ty < bt.shape[1] else 0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+def tiled_reads(m, k, n, tile):
+    return math.ceil(n / tile) * m * k + math.ceil(m / tile) * k * n
+
+
+def tiled_reads_divisible_only(m, k, n, tile):
+    return 2 * m * k * n / tile
+
+
+def naive_reads(m, k, n, tile):
+    return 2 * m * k * n
+
+
+MAX_N = 16
+
+
+@cuda.jit
+def scan_kernel(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+@cuda.jit
+def scan_kernel_state_by_state(u, delta, A, B, C, D, y):
+    # right too: one state number at a time, adding its share into y
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        for t in range(length):
+            y[bi, t, d] = D[d] * u[bi, t, d]
+        for s in range(A.shape[1]):
+            h = 0.0
+            for t in range(length):
+                h = math.exp(delta[bi, t, d] * A[d, s]) * h + delta[bi, t, d] * B[bi, t, s] * u[bi, t, d]
+                y[bi, t, d] += C[bi, t, s] * h
+
+
+@cuda.jit
+def scan_kernel_no_guard(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    bi, d = i // channels, i % channels
+    h = cuda.local.array(MAX_N, float32)
+    for s in range(n):
+        h[s] = 0
+    for t in range(length):
+        dt, x = delta[bi, t, d], u[bi, t, d]
+        acc = D[d] * x
+        for s in range(n):
+            h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+            acc += C[bi, t, s] * h[s]
+        y[bi, t, d] = acc
+
+
+@cuda.jit
+def scan_kernel_forgets_D(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = float32(0)
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+# ===== 6.4 ===========================================================================================
+
+
+@cuda.jit
+def softmax_backward_rows(s, g, dx):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    dot = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        dot += g[row, j] * s[row, j]
+    cache[t] = dot
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    dot = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (g[row, j] - dot)
+
+
+@cuda.jit
+def softmax_backward_elementwise(s, g, dx):
+    # the diagonal of the Jacobian only: forgets that every output depends on every input
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (1 - s[row, j]) * g[row, j]
+
+
+@cuda.jit
+def softmax_backward_no_barrier(s, g, dx):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    dot = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        dot += g[row, j] * s[row, j]
+    cache[t] = dot
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        step //= 2
+    dot = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (g[row, j] - dot)
+
+
+def kernel_relu(x, forward_kernel, backward_kernel):
+    blocks = (x.data.size + 31) // 32
+    out = np.empty_like(x.data)
+    forward_kernel[blocks, 32](x.data, out)
+
+    def backward(g):
+        dx = np.empty_like(x.data)
+        backward_kernel[blocks, 32](x.data, np.ascontiguousarray(g, dtype=x.data.dtype), dx)
+        return dx
+
+    return operation("kernel_relu", out, (x,), backward)
+
+
+def kernel_relu_forgot_return(x, forward_kernel, backward_kernel):
+    kernel_relu(x, forward_kernel, backward_kernel)
+
+
+def kernel_relu_one_block(x, forward_kernel, backward_kernel):
+    out = np.empty_like(x.data)
+    forward_kernel[1, 32](x.data, out)
+
+    def backward(g):
+        dx = np.empty_like(x.data)
+        backward_kernel[1, 32](x.data, g, dx)
+        return dx
+
+    return operation("kernel_relu", out, (x,), backward)
+
+
+def kernel_relu_numpy(x, forward_kernel, backward_kernel):
+    return operation("kernel_relu", np.maximum(x.data, 0), (x,), lambda g: g * (x.data > 0))
+
+
+def matmul_backward(a, b, g, matmul):
+    return matmul(g, b.T), matmul(a.T, g)
+
+
+def matmul_backward_no_transpose(a, b, g, matmul):
+    return matmul(g, b), matmul(a, g)
+
+
+def matmul_backward_numpy(a, b, g, matmul):
+    return g @ b.T, a.T @ g
+
+
+CASES = [
+    ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
+    ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
+    ("6.1.2", scale, scale_no_guard, "thread 37 read x[37] out of bounds (x has length 37)"),
+    ("6.1.2", scale, scale_guard_off_by_one, "thread 37 read x[37] out of bounds"),
+    ("6.1.2", scale, scale_block_index_only, "element 0 of out was written by threads 0 and 32"),
+    ("6.1.3", grid_for, grid_for_floor, "element (0, 4) of out was never written"),
+    ("6.1.3", grid_for, grid_for_one_extra, "the extra blocks have no element"),
+    ("6.1.3", grid_for, grid_for_axes_swapped, "was never written"),
+    ("6.1.4", add_matrices, add_matrices_guard_rows_only, "out of bounds (a has shape (5, 7))"),
+    ("6.1.4", add_matrices, add_matrices_swapped, "was never written"),
+    ("6.1.5", scale_strided, scale_no_guard, "element 8 of out was never written"),
+    ("6.1.5", scale_strided, scale_strided_by_block, "of out was written by threads"),
+    ("6.2.1", reverse_in_place, reverse_in_place_no_barrier, "a missing barrier"),
+    ("6.2.1", reverse_in_place, reverse_off_by_one, "read x[8] out of bounds (x has length 8)"),
+    ("6.2.2", block_sum, block_sum_no_barrier, "a missing barrier"),
+    ("6.2.2", block_sum, block_sum_no_padding, "before any thread of its block wrote it"),
+    ("6.2.2", block_sum, block_sum_load_unguarded, "read x[37] out of bounds"),
+    ("6.2.3", rms_norm_rows, rms_norm_no_barrier, "a missing barrier"),
+    ("6.2.3", rms_norm_rows, rms_norm_one_column_per_thread, "element (0, 32) of out was never written"),
+    ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
+    ("6.3.1", matmul_bt, matmul_bt_not_transposed, "out of bounds"),
+    ("6.3.1", matmul_bt, matmul_bt_guard_off_by_one, "out of bounds"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_load_unguarded, "read a[0, 3] out of bounds (a has shape (5, 3))"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_zero, "before any thread of its block wrote it"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_second_barrier, "a missing barrier"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt, "where loading each tile element once takes"),
+    ("6.3.3", tiled_reads, tiled_reads_divisible_only, "expected 72 reads, got 52.5 on a of shape (5, 3)"),
+    ("6.3.3", tiled_reads, naive_reads, "the number of reads of the naive kernel"),
+    ("6.3.4", scan_kernel, scan_kernel_no_guard, "out of bounds"),
+    ("6.3.4", scan_kernel, scan_kernel_forgets_D, "expected y"),
+    ("6.4.1", softmax_backward_rows, softmax_backward_elementwise, "expected dx"),
+    ("6.4.1", softmax_backward_rows, softmax_backward_no_barrier, "a missing barrier"),
+    ("6.4.2", kernel_relu, kernel_relu_forgot_return, "did it forget `return`"),
+    ("6.4.2", kernel_relu, kernel_relu_one_block, "element 32 of out was never written"),
+    ("6.4.2", kernel_relu, kernel_relu_numpy, "never launched forward_kernel"),
+    ("6.4.3", matmul_backward, matmul_backward_no_transpose, "do not fit"),
+    ("6.4.3", matmul_backward, matmul_backward_numpy, "make both products with the matmul you are given"),
+]
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
+                         ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
+def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
+    is_kernel = hasattr(right, "py_func")
+    assert check(exercise_id, stub_kernel if is_kernel else stub).status == "not attempted"
+    failed = check(exercise_id, wrong)
+    assert failed.status == "failed"
+    assert named in failed.message, failed.message
+    assert "Hint:" in failed.message
+    assert check(exercise_id, right).status == "passed"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
+
+
+@pytest.mark.parametrize("exercise_id,candidate", [
+    ("6.1.1", lambda bi, bd, ti: np.array(global_index_2d(bi, bd, ti))),
+    ("6.1.2", scale.py_func),  # a plain function, not decorated: the tracer runs it all the same
+    ("6.1.3", lambda shape, block: [math.ceil(shape[1] / block[0]), math.ceil(shape[0] / block[1])]),
+    ("6.2.3", rms_norm_one_thread),
+    ("6.3.4", scan_kernel_state_by_state),
+], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state"])
+def test_other_right_answers_pass(exercise_id, candidate):
+    assert check(exercise_id, candidate).status == "passed"
+
+
+@pytest.mark.parametrize("exercise_id,kernel", [("6.2.2", K.reduce_sum_kernel),
+                                                ("6.4.1", K.rows.softmax_backward_kernel)])
+def test_the_library_kernel_is_refused(exercise_id, kernel):
+    result = check(exercise_id, kernel)
+    assert result.status == "failed" and "course's own" in result.message
+
+
+def test_a_function_that_forgot_return_is_told_so():
+    def forgot(block_idx, block_dim, thread_idx):
+        (block_idx[0] * block_dim[0] + thread_idx[0], block_idx[1] * block_dim[1] + thread_idx[1])
+
+    result = check("6.1.1", forgot)
+    assert result.status == "failed" and "forget `return`" in result.message
+
+
+def test_a_crash_in_a_kernel_names_the_thread_and_the_input():
+    @cuda.jit
+    def broken(x, alpha, out):
+        i = cuda.grid(1)
+        if i == 3:
+            out[i] = undefined_name  # noqa: F821
+
+    result = check("6.1.2", broken)
+    assert result.status == "failed"
+    assert "thread 3 raised NameError" in result.message and "x of length 37" in result.message
+
+
+def test_the_reads_formula_counts_what_the_tracer_records():
+    # the reference of 6.3.3 agrees with the reads the tracer records for the tiled kernel
+    rng = np.random.default_rng(1)
+    for m, k, n in [(5, 3, 7), (8, 8, 8), (1, 9, 2), (6, 5, 4)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        bt = rng.standard_normal((n, k)).astype(np.float32)
+        grid = (math.ceil(n / TILE), math.ceil(m / TILE))
+        report = K.trace(matmul_bt_tiled, grid, (TILE, TILE), a, bt, np.zeros((m, n), np.float32))
+        reads = sum(1 for name in ("a", "bt") for _, acc in report.accesses(name) if acc.kind == "read")
+        assert reads == tiled_reads(m, k, n, TILE)
+
+
+def test_the_scan_reference_matches_course_mamba():
+    from course.exercises.part6 import _scan_reference
+    from course.mamba import selective_scan
+    rng = np.random.default_rng(2)
+    b, l, d, n = 2, 6, 3, 4
+    u, delta = rng.standard_normal((b, l, d)), 0.1 + rng.random((b, l, d))
+    A = -rng.random((d, n)) - 0.5
+    B, C, D = rng.standard_normal((b, l, n)), rng.standard_normal((b, l, n)), rng.standard_normal(d)
+    np.testing.assert_allclose(_scan_reference(u, delta, A, B, C, D), selective_scan(u, delta, A, B, C, D),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_a_thread_that_raises_before_a_barrier_is_reported_not_waited_for():
+    @cuda.jit
+    def raises_then_waits(x):
+        t = cuda.threadIdx.x
+        if t == 0:
+            raise ValueError("boom")
+        cuda.syncthreads()
+        v = x[x.size - 1 - t]
+        cuda.syncthreads()
+        x[t] = v
+
+    result = check("6.2.1", raises_then_waits)
+    assert result.status == "failed" and "thread 0 raised ValueError: boom" in result.message
+
+
+def test_a_loop_that_never_ends_is_stopped_and_named():
+    @cuda.jit
+    def forgets_the_step(x, alpha, out):
+        i = cuda.grid(1)
+        while i < x.size:
+            out[i] = alpha * x[i]  # no i += ...
+
+    result = check("6.1.5", forgets_the_step)
+    assert result.status == "failed" and "does a loop never end" in result.message
