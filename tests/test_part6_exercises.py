@@ -726,3 +726,16 @@ def test_a_loop_that_never_ends_is_stopped_and_named():
 
     result = check("6.1.5", forgets_the_step)
     assert result.status == "failed" and "does a loop never end" in result.message
+
+
+@pytest.mark.parametrize("exercise_id,right", [("6.1.2", scale), ("6.1.2", scale.py_func),
+                                               ("6.1.4", add_matrices)], ids=["6.1.2", "6.1.2-plain", "6.1.4"])
+def test_the_launch_on_a_gpu_runs_the_kernel_there(exercise_id, right, monkeypatch):
+    # Where there is a GPU the check also launches the kernel on it. Here the simulator stands in
+    # for the GPU, so that this path runs everywhere.
+    launched = []
+    original = K.cuda.synchronize
+    monkeypatch.setattr(K, "backend", lambda: "gpu")
+    monkeypatch.setattr(K.cuda, "synchronize", lambda: launched.append(1) or original())
+    assert check(exercise_id, right).status == "passed"
+    assert launched

@@ -14,6 +14,7 @@ library passed as the answer is refused.
 
 import sys
 import types
+import warnings
 
 import numpy as np
 
@@ -247,9 +248,11 @@ def _on_device(candidate, grid, block, args, on):
     kernel = candidate if hasattr(candidate, "py_func") else K.cuda.jit(candidate)
     copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     try:
-        device = [K.cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in copies]
-        kernel[grid, block](*device)
-        K.cuda.synchronize()
+        with warnings.catch_warnings():  # numba's advice on occupancy is for real workloads, not these
+            warnings.simplefilter("ignore")
+            device = [K.cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in copies]
+            kernel[grid, block](*device)
+            K.cuda.synchronize()
     except Exception as err:
         raise CheckFailed(f"numba could not run your kernel on the GPU ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}) on {on}") from None
