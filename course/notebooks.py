@@ -17,11 +17,15 @@ NOTEBOOK_DIRS = ("notebooks", "solutions")
 
 INSTALL_CELL = """\
 # On Colab, install the course package (elsewhere this cell does nothing).
+import os
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "{git_url}"])"""
+    url = "{git_url}"
+    # On a GPU runtime, the `gpu` extra also brings the CUDA libraries numba needs to compile kernels.
+    package = f"course[gpu] @ {{url}}" if os.path.exists("/dev/nvidia0") else url
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", package])"""
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE = "[![Open In Colab](" + BADGE_IMAGE + ")]({url})"

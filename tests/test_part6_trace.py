@@ -246,3 +246,30 @@ def test_traced_kernels_compute_what_the_launch_computes(rng):
     # of b once per block row (2 here), not once per column or row of c.
     assert (report.counts("a") == 1).all() and (report.counts("b") == 2).all()
     assert (report.counts("c", "write") == 1).all()
+
+
+@cuda.jit
+def fails_before_a_barrier(x):
+    t = cuda.threadIdx.x
+    if t == 0:
+        raise ValueError("thread 0 gives up")
+    cuda.syncthreads()  # the other threads wait here for a thread that will never come
+    x[t] = 1
+
+
+def test_a_thread_that_raises_before_a_barrier_is_named_and_the_others_are_released():
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            K.trace(fails_before_a_barrier, 1, 4, np.zeros(4, np.float32))
+        except RuntimeError as err:
+            outcome["error"] = str(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "trace hung: threads waiting at a barrier were never released"
+    assert "thread 0 raised ValueError: thread 0 gives up" in outcome["error"]

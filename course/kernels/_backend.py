@@ -112,6 +112,19 @@ def choose():
 
 BACKEND, cuda, REASON = choose()
 
+if BACKEND == "gpu":
+    # The lessons launch deliberately small grids and pass NumPy arrays: on a real GPU numba would
+    # warn about low occupancy and implicit copies on every launch, in red, in every notebook.
+    import importlib
+
+    for _name in ("numba.cuda.core.config", "numba.core.config"):  # numba-cuda reads its own copy
+        try:
+            _config = importlib.import_module(_name)
+        except ImportError:
+            continue
+        _config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        _config.CUDA_WARN_ON_IMPLICIT_COPY = 0
+
 
 def backend():
     """Where CUDA kernels run: "gpu" (a real one) or "simulator" (Numba's, on the CPU)."""

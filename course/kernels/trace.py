@@ -277,6 +277,8 @@ class _Tracer:
 
     def _barrier(self):
         th = self._local.thread
+        if self._aborting:  # another thread failed: nobody will hand out turns any more
+            raise _Abort
         th.phase += 1
         self._yielded.release()  # hand the turn back to the scheduler ...
         th.turn.acquire()  # ... and wait for the next one
