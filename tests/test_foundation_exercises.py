@@ -200,9 +200,9 @@ def test_an_unknown_path_is_a_clear_error():
             pass
 
 
-# ---- every exercise of parts 1-4 --------------------------------------------------------------
+# ---- every exercise of parts 1-5 --------------------------------------------------------------
 
-PARTS = ("1.", "2.", "3.", "4.")
+PARTS = ("1.", "2.", "3.", "4.", "5.")
 NOTHING_TO_RETURN = {"1.3.4", "2.2.6"}  # they change their arguments in place and return nothing
 
 
