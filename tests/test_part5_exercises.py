@@ -363,6 +363,25 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
 
 
+def parallel_scan_order_swapped(a, b, combine):
+    a, b = np.array(a, dtype=float), np.array(b, dtype=float)
+    offset = 1
+    while offset < len(a):
+        a[offset:], b[offset:] = combine((a[offset:], b[offset:]), (a[:-offset], b[:-offset]))
+        offset *= 2
+    return b
+
+
+def sequence_accuracy_counting_blanks(logits, targets, vocab_size):
+    return (logits[..., :vocab_size].argmax(-1) == targets).all(axis=-1).mean()
+
+
+def sequence_accuracy_partial_credit(logits, targets, vocab_size):
+    keep = targets != -1
+    right = (logits[..., :vocab_size].argmax(-1) == targets) & keep
+    return (right.sum(-1) / keep.sum(-1)).mean()
+
+
 def rms_norm_backward_by_autograd(x, weight, grad, eps=1e-5):
     from course.tensor import Tensor
     xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
@@ -392,6 +411,9 @@ for exercise_id, wrong, words in [
     ("5.4.1", masked_accuracy_with_padding, ["padding id"]),
     ("5.4.1", masked_accuracy_by_library, ["write this yourself", "course.data.tasks.masked_accuracy"]),
     ("5.4.3", gpt_width_any, ["multiple of n_head"]),
+    ("5.2.4", parallel_scan_order_swapped, ["wrong order"]),
+    ("5.4.2", sequence_accuracy_counting_blanks, ["without a target"]),
+    ("5.4.2", sequence_accuracy_partial_credit, ["all its answers are right"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))
 

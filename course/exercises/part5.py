@@ -278,6 +278,16 @@ def _(candidate, rng):
         expect_close(got[1], h_last, on=on, rtol=_RTOL, atol=_ATOL, what="last state h_last")
 
 
+def _scan_swapped(a, b):
+    """The log-depth scan with the later pair given to combine first: the classic mix-up of the order."""
+    a, b = np.array(a, dtype=np.float64), np.array(b, dtype=np.float64)
+    offset = 1
+    while offset < len(a):
+        a[offset:], b[offset:] = _ref_combine((a[offset:], b[offset:]), (a[:-offset], b[:-offset]))
+        offset *= 2
+    return b
+
+
 class _CountingCombine:
     def __init__(self):
         self.calls = 0
@@ -305,6 +315,9 @@ def _(candidate, rng):
         for t in range(len(a)):
             x = a[t] * x + b[t]
             h[t] = x
+        if _same(got, _scan_swapped(a, b), rtol=_RTOL, atol=_ATOL) and not _same(got, h, rtol=_RTOL, atol=_ATOL):
+            raise CheckFailed(f"the pairs go into combine in the wrong order on {on}: its first argument is the "
+                              f"earlier pair (the steps that happen first)")
         expect_close(got, h, on=on, rtol=_RTOL, atol=_ATOL, what="h")
         L = len(a)
         rounds = int(np.ceil(np.log2(L))) if L > 1 else 0
@@ -549,6 +562,10 @@ def _ref_exact(logits, targets, vocab_size):
     return float(right.all(axis=-1).mean())
 
 
+def _ref_exact_counting_blanks(logits, targets, vocab_size):
+    return float((logits[..., :vocab_size].argmax(-1) == targets).all(axis=-1).mean())
+
+
 @exercise("5.4.2",
           hint="a sequence counts when every position with a target (not -1) is predicted right; positions without a"
                " target do not spoil it",
@@ -570,6 +587,10 @@ def _(candidate, rng):
                 not np.isclose(_ref_masked(logits, targets, V), _ref_exact(logits, targets, V)):
             raise CheckFailed(f"that is the accuracy per answer token on {on}; here a sequence counts only "
                               f"when all its answers are right")
+        if np.ndim(got) == 0 and np.isclose(float(got), _ref_exact_counting_blanks(logits, targets, V)) and \
+                not np.isclose(_ref_exact_counting_blanks(logits, targets, V), _ref_exact(logits, targets, V)):
+            raise CheckFailed(f"your score counts the positions without a target (-1) as wrong on {on}: only "
+                              f"the positions with a target decide")
         expect_close(got, _ref_exact(logits, targets, V), on=on, rtol=1e-6, what="accuracy")
 
 
