@@ -46,6 +46,9 @@ def test_selective_copying_task_object_and_accuracy():
     assert masked_accuracy(padded, ys, vocab_size=task.vocab_size) == 1.0
     with pytest.raises(ValueError, match="need targets of shape"):
         masked_accuracy(perfect, ys[:, :3])
+    for vocab_size in (0, 9):  # no logit to choose from; more ids than logits
+        with pytest.raises(ValueError, match=f"vocab_size must be between 1 and the 8 logits.*got {vocab_size}"):
+            masked_accuracy(perfect, ys, vocab_size=vocab_size)
 
 
 def test_trainer_with_a_batch_function_is_deterministic_and_learns():

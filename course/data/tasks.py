@@ -85,6 +85,9 @@ def masked_accuracy(logits, targets, vocab_size=None):
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"masked_accuracy: logits of shape {logits.shape} need targets of shape "
                          f"{logits.shape[:-1]}, got {targets.shape}")
+    if vocab_size is not None and not 1 <= vocab_size <= logits.shape[-1]:
+        raise ValueError(f"masked_accuracy: vocab_size must be between 1 and the {logits.shape[-1]} logits of "
+                         f"the last axis, got {vocab_size}")
     keep = targets != -1
     if not keep.any():
         raise ValueError("masked_accuracy: every target is -1: nothing to score")
