@@ -1,5 +1,6 @@
 """The exercise checker: one line for each outcome, and a result for grading."""
 
+import numpy as np
 import pytest
 
 from course.exercises import CheckFailed, call, check, exercise, expect, expect_close
@@ -190,6 +191,21 @@ def test_unavailable_restores_after_an_exception_and_blocks_methods():
     t = Tensor(2.0, requires_grad=True)
     (t * t).backward()
     assert float(t.grad) == 4.0
+
+
+def test_a_dispatchable_operation_is_unavailable_by_every_way_in():
+    from course.exercises import unavailable
+    from course.exercises._core import Unavailable
+    from course.tensor import Tensor, dispatch
+    from course.tensor import functional as F
+
+    x = Tensor(np.array([[1.0, 2.0, 3.0]]))
+    with unavailable("course.tensor.functional.softmax", task="write softmax"):
+        for way in (F.softmax, F.softmax.default, dispatch.current("softmax")):
+            with pytest.raises(Unavailable, match="without calling course.tensor.functional.softmax"):
+                way(x)
+    assert dispatch.current("softmax") is F.softmax.default  # all put back
+    assert np.allclose(F.softmax.default(x).data, dispatch.current("softmax")(x).data)
 
 
 def test_an_unknown_path_is_a_clear_error():

@@ -143,6 +143,8 @@ def _blocked(original, message):
         raise Unavailable(message)
 
     stand_in.blocked = True
+    if callable(getattr(original, "default", None)):  # a dispatchable operation: its NumPy version too
+        stand_in.default = _blocked(original.default, message)
     return stand_in
 
 
@@ -182,6 +184,9 @@ def unavailable(*paths, task="", namespaces=()):
                      if m is not None and (n == "course" or n.startswith("course."))]
             main = sys.modules.get("__main__")
             dicts += [d for d in (*namespaces, vars(main) if main else None) if d is not None]
+            # tables that hold it by name, such as the dispatch table that `dispatch.current` reads
+            dicts += [v for d in list(dicts) for v in list(d.values())
+                      if isinstance(v, dict) and any(x is obj for x in list(v.values()))]
             for d in dicts:
                 for key, value in list(d.items()):
                     if value is obj:
