@@ -202,3 +202,12 @@ def test_causal_conv1d_shape_errors():
         causal_conv1d(x, Tensor(np.ones((4, 1, 2))))
     with pytest.raises(ValueError, match=r"bias \(2,\)"):
         causal_conv1d(x, Tensor(np.ones((3, 2))), Tensor(np.ones(2)))
+
+
+def test_arrays_where_tensors_belong_and_mismatched_recurrences_are_named():
+    with pytest.raises(TypeError, match="rms_norm: `x` must be a Tensor, got ndarray: wrap it first"):
+        rms_norm(np.ones((2, 4)), Tensor(np.ones(4)))
+    with pytest.raises(TypeError, match="causal_conv1d: `weight` must be a Tensor, got ndarray"):
+        causal_conv1d(Tensor(np.ones((1, 5, 3))), np.ones((3, 4)))
+    with pytest.raises(ValueError, match=r"linear_recurrence: a \(1, 3\) and b \(1, 4\) must have the same shape"):
+        linear_recurrence(np.ones((1, 3)), np.ones((1, 4)))

@@ -8,9 +8,17 @@ Both work on Tensors; each is one operation, checked against finite differences 
 
 import numpy as np
 
-from ..tensor import operation
+from ..tensor import Tensor, operation
 
 __all__ = ["rms_norm", "causal_conv1d"]
+
+
+def _need_tensors(fn, **args):
+    """A clear error for an array where a Tensor is expected (the operations record a gradient)."""
+    for name, value in args.items():
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"{fn}: `{name}` must be a Tensor, got {type(value).__name__}: wrap it first, "
+                            f"Tensor({name})")
 
 
 def rms_norm(x, weight, eps=1e-5):
@@ -19,6 +27,7 @@ def rms_norm(x, weight, eps=1e-5):
     LayerNorm without the mean: it only rescales each vector to unit root-mean-square, which is
     cheaper and works as well in practice (Mamba and most recent language models use it).
     """
+    _need_tensors("rms_norm", x=x, weight=weight)
     if weight is not None and weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight of shape {weight.shape} does not fit input of shape {x.shape} "
                          f"(it needs shape ({x.shape[-1]},))")
@@ -51,6 +60,7 @@ def causal_conv1d(x, weight, bias=None):
     Conv1d(d, d, k, groups=d, padding=k-1) followed by keeping the first l outputs, which is how
     mamba-minimal writes it: position t sees only positions t-k+1..t, never the future.
     """
+    _need_tensors("causal_conv1d", x=x, weight=weight, bias=bias)
     w_shape = weight.shape
     w = weight.data.reshape(w_shape[0], w_shape[-1]) if weight.ndim == 3 and w_shape[1] == 1 else weight.data
     bias_shape = None if bias is None else bias.shape

@@ -58,6 +58,10 @@ def linear_recurrence(a, b, method="sequential"):
     at t. It multiplies a's together and never divides by them, so it stays accurate even where a
     product of many a's underflows to 0 (as it does over 1024 steps of decay).
     """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim < 2:
+        raise ValueError(f"linear_recurrence: a {a.shape} and b {b.shape} must have the same shape, with time on "
+                         f"axis 1: (batch, length, ...)")
     if method == "sequential":
         h = np.empty_like(b)
         state = np.zeros_like(b[:, 0])
