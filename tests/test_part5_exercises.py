@@ -382,6 +382,10 @@ def sequence_accuracy_partial_credit(logits, targets, vocab_size):
     return (right.sum(-1) / keep.sum(-1)).mean()
 
 
+def rms_norm_backward_eps_ignored(x, weight, grad, eps=1e-5):
+    return rms_norm_backward(x, weight, grad)
+
+
 def rms_norm_backward_by_autograd(x, weight, grad, eps=1e-5):
     from course.tensor import Tensor
     xt, wt = Tensor(x, requires_grad=True), Tensor(weight, requires_grad=True)
@@ -412,6 +416,7 @@ for exercise_id, wrong, words in [
     ("5.4.1", masked_accuracy_by_library, ["write this yourself", "course.data.tasks.masked_accuracy"]),
     ("5.4.3", gpt_width_any, ["multiple of n_head"]),
     ("5.2.4", parallel_scan_order_swapped, ["wrong order"]),
+    ("5.3.1", rms_norm_backward_eps_ignored, ["ignores the eps"]),
     ("5.4.2", sequence_accuracy_counting_blanks, ["without a target"]),
     ("5.4.2", sequence_accuracy_partial_credit, ["all its answers are right"]),
 ]:

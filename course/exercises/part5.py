@@ -352,20 +352,24 @@ def _ref_rms_backward(x, weight, g, eps=1e-5):
           forbid=["course.mamba.rms_norm", "course.mamba.RMSNorm", "course.tensor.Tensor.backward"],
           task="write the backward by hand in NumPy")
 def _(candidate, rng):
-    cases = [(np.array([[3.0, 4.0]]), np.ones(2), np.array([[1.0, 0.0]]), "x=[[3, 4]], weight 1, grad [[1, 0]]"),
-             (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), np.ones((1, 4)),
+    cases = [(np.array([[3.0, 4.0]]), np.ones(2), np.array([[1.0, 0.0]]), 1e-5, "x=[[3, 4]], weight 1, grad [[1, 0]]"),
+             (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), np.ones((1, 4)), 1e-5,
               "x=[[1, 2, 3, 4]], weight [1, 2, 0.5, -1], grad of ones"),
-             (np.array([[0.001, -0.002]]), np.ones(2), np.array([[1.0, 2.0]]),
-              "x=[[0.001, -0.002]] (mean square below eps)")]
-    cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), rng.normal(size=(2, 3, 8)),
+             (np.array([[0.001, -0.002]]), np.ones(2), np.array([[1.0, 2.0]]), 1e-5,
+              "x=[[0.001, -0.002]] (mean square below eps)"),
+             (np.array([[0.3, -0.4]]), np.array([1.0, -2.0]), np.array([[1.0, 2.0]]), 0.1,
+              "x=[[0.3, -0.4]], weight [1, -2], grad [[1, 2]], eps=0.1")]
+    cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), rng.normal(size=(2, 3, 8)), 1e-5,
                "random x (2, 3, 8), weight (8,) and grad (2, 3, 8)")]
-    for x, w, g, on in cases:
-        got = _pair(call(candidate, x.copy(), w.copy(), g.copy(), on=on), on, "(dx, dweight)")
-        dx, dw = _ref_rms_backward(x, w, g)
-        r = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5)
+    for x, w, g, eps, on in cases:
+        got = _pair(call(candidate, x.copy(), w.copy(), g.copy(), eps, on=on), on, "(dx, dweight)")
+        dx, dw = _ref_rms_backward(x, w, g, eps)
+        r = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
         if _same(got[0], g * w * r, rtol=1e-5, atol=1e-8) and not _same(got[0], dx, rtol=1e-5, atol=1e-8):
             raise CheckFailed(f"dx treats the root mean square as a constant on {on}: it depends on every x of "
                               f"the vector, which adds a second term")
+        if eps != 1e-5 and _same(got[0], _ref_rms_backward(x, w, g)[0]) and not _same(got[0], dx):
+            raise CheckFailed(f"dx ignores the eps it is given on {on}: use the argument, not 1e-5")
         expect_close(got[0], dx, on=on, rtol=_RTOL, atol=_ATOL, what="dx")
         expect_close(got[1], dw, on=on, rtol=_RTOL, atol=_ATOL, what="dweight")
 
