@@ -226,9 +226,9 @@ def conv_step_state_stays(conv_state, u_t, weight, bias):
     return conv_step(conv_state, u_t, weight, bias)[0], conv_state
 
 
-def conv_step_drops_newest(conv_state, u_t, weight, bias):
-    window = np.concatenate([conv_state, u_t[:, None]], axis=1)
-    return conv_step(conv_state, u_t, weight, bias)[0], window[:, :-1]
+def conv_step_newest_first(conv_state, u_t, weight, bias):
+    window = np.concatenate([u_t[:, None], conv_state[:, ::-1]], axis=1)  # newest first
+    return (window * weight.T).sum(axis=1) + bias, conv_step(conv_state, u_t, weight, bias)[1]
 
 
 def conv_step_by_library(conv_state, u_t, weight, bias):
@@ -407,12 +407,12 @@ for exercise_id, wrong, words in [
     ("5.3.1", rms_norm_backward_by_library, ["write this yourself", "course.mamba.rms_norm"]),
     ("5.3.1", rms_norm_backward_by_autograd, ["write this yourself", "course.tensor.Tensor.backward"]),
     ("5.3.2", causal_conv1d_backward_by_library, ["write this yourself", "course.mamba.causal_conv1d"]),
-    ("5.3.3", conv_step_drops_newest, ["newest input"]),
+    ("5.3.3", conv_step_newest_first, ["taps in reverse order"]),
     ("5.3.3", conv_step_by_library, ["write this yourself", "causal_conv1d"]),
     ("5.3.4", ssm_parameters_swapped, ["swapped"]),
     ("5.3.5", count_parameters_unpadded, ["padded"]),
     ("5.3.5", count_parameters_by_library, ["write this yourself", "course.mamba.MambaConfig"]),
-    ("5.4.1", masked_accuracy_with_padding, ["padding id"]),
+    ("5.4.1", masked_accuracy_with_padding, ["can be a padding id"]),
     ("5.4.1", masked_accuracy_by_library, ["write this yourself", "course.data.tasks.masked_accuracy"]),
     ("5.4.3", gpt_width_any, ["multiple of n_head"]),
     ("5.2.4", parallel_scan_order_swapped, ["wrong order"]),

@@ -444,11 +444,13 @@ def _(candidate, rng):
         got = _pair(call(candidate, state.copy(), u_t.copy(), w.copy(), bias.copy(), on=on), on,
                     "(out_t, new_state)")
         window = np.concatenate([state, u_t[:, None]], axis=1)
-        expect_close(got[0], _ref_conv(window, w, bias)[:, -1], on=on, rtol=_RTOL, atol=_ATOL, what="out_t")
+        out_t = _ref_conv(window, w, bias)[:, -1]
+        if _same(got[0], _ref_conv(window, w[:, ::-1], bias)[:, -1]) and not _same(got[0], out_t):
+            raise CheckFailed(f"out_t applies the taps in reverse order on {on}: as in section 3, the last tap "
+                              f"multiplies the newest input")
+        expect_close(got[0], out_t, on=on, rtol=_RTOL, atol=_ATOL, what="out_t")
         if _same(got[1], state):
             raise CheckFailed(f"the state did not move on, on {on}: the next step needs the newest input in it")
-        if _same(got[1], window[:, :-1]):
-            raise CheckFailed(f"the new state dropped the newest input instead of the oldest on {on}")
         expect_close(got[1], window[:, 1:], on=on, rtol=_RTOL, atol=_ATOL, what="new state")
 
 
@@ -557,6 +559,10 @@ def _(candidate, rng):
         right = _ref_masked(logits, targets, V)
         if np.ndim(got) == 0 and np.isclose(float(got), keep_all) and not np.isclose(keep_all, right):
             raise CheckFailed(f"you averaged over every position on {on}: only targets that are not -1 count")
+        with_padding = _ref_masked(logits, targets, logits.shape[-1])
+        if np.ndim(got) == 0 and np.isclose(float(got), with_padding) and not np.isclose(with_padding, right):
+            raise CheckFailed(f"your prediction can be a padding id on {on}: only the first vocab_size logits are "
+                              f"tokens")
         expect_close(got, _ref_masked(logits, targets, V), on=on, rtol=1e-6, what="accuracy")
 
 
