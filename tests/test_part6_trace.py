@@ -273,3 +273,21 @@ def test_a_thread_that_raises_before_a_barrier_is_named_and_the_others_are_relea
     worker.join(timeout=60)
     assert not worker.is_alive(), "trace hung: threads waiting at a barrier were never released"
     assert "thread 0 raised ValueError: thread 0 gives up" in outcome["error"]
+
+
+def test_the_legend_of_a_2d_grid_names_blocks_by_their_block_idx():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    @cuda.jit
+    def copy2d(a, out):
+        col, row = cuda.grid(2)
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = a[row, col]
+
+    a = np.ones((6, 10), np.float32)
+    ax = K.trace(copy2d, (3, 2), (4, 4), a, np.zeros_like(a)).draw("out")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close("all")
+    assert labels == ["block (0, 0)", "block (1, 0)", "block (2, 0)", "block (0, 1)", "block (1, 1)", "block (2, 1)"]

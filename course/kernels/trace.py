@@ -469,7 +469,7 @@ class TraceReport:
         if title is None:
             title = f"{name}: which thread {what} each element" + (f" in phase {phase}" if phase is not None else "")
         return draw_thread_map(self.touched_by(name, kind, phase), threads_per_block=int(np.prod(self._t.block)),
-                               block_shape=self.block, ax=ax, title=title)
+                               block_shape=self.block, grid_shape=self.grid, ax=ax, title=title)
 
     def summary(self, limit=5):
         n_threads = int(np.prod(self._t.grid)) * int(np.prod(self._t.block))
