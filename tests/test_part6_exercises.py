@@ -596,6 +596,23 @@ def matmul_bt_row_from_x(a, bt, c):
         c[row, col] = acc
 
 
+@cuda.jit
+def scan_kernel_state_not_zeroed(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)  # never set to 0: garbage on a GPU
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
 # ----- right answers written otherwise than the worked solutions
 
 @cuda.jit
@@ -734,6 +751,7 @@ CASES = [
     ("6.3.3", tiled_reads, naive_reads, "the number of reads of the naive kernel"),
     ("6.3.4", scan_kernel, scan_kernel_no_guard, "out of bounds"),
     ("6.3.4", scan_kernel, scan_kernel_forgets_D, "expected y"),
+    ("6.3.4", scan_kernel, scan_kernel_state_not_zeroed, "starts with garbage on a GPU"),
     ("6.4.1", softmax_backward_rows, softmax_backward_elementwise, "expected dx"),
     ("6.4.1", softmax_backward_rows, softmax_backward_no_barrier, "a missing barrier"),
     ("6.4.1", softmax_backward_rows, softmax_backward_library, "write this yourself"),

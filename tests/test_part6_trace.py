@@ -291,3 +291,15 @@ def test_the_legend_of_a_2d_grid_names_blocks_by_their_block_idx():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close("all")
     assert labels == ["block (0, 0)", "block (1, 0)", "block (2, 0)", "block (0, 1)", "block (1, 1)", "block (2, 1)"]
+
+
+def test_a_local_array_starts_as_nan_as_a_reminder_that_a_gpu_leaves_it_uninitialised():
+    @cuda.jit
+    def reads_before_writing(out):
+        h = cuda.local.array(2, float32)
+        h[1] = 1
+        out[0], out[1] = h[0], h[1]
+
+    out = np.zeros(2, np.float32)
+    K.trace(reads_before_writing, 1, 1, out)
+    assert np.isnan(out[0]) and out[1] == 1

@@ -557,6 +557,8 @@ def _(candidate, rng):
         blocks = -(-(b * d) // TPB)
         on = f"b={b}, l={l}, d_in={d}, n={n}, {blocks} block(s) of {TPB} threads"
         _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=("y",))
+        expect(not np.isnan(y).any(), f"y has nan on {on}: a cuda.local.array starts with garbage on a GPU (the "
+                                      f"tracer fills it with nan), so write each slot before the first read")
         expect_close(y, _scan_reference(u, delta, A, B, C, D), on=on, rtol=1e-4, atol=1e-5, what="y")
 
 

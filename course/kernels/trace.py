@@ -181,6 +181,13 @@ def _numpy_dtype(dtype):
         return as_dtype(dtype)
 
 
+def _local_array(shape, dtype):
+    """A thread's cuda.local.array. On a GPU it starts with whatever the registers held: here a
+    float array starts as nan, so that a kernel that reads a slot before writing it shows nan."""
+    dtype = _numpy_dtype(dtype)
+    return np.full(shape, np.nan, dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
+
+
 class _FakeCuda:
     """What `cuda.` means inside a traced kernel: the running thread's view of the launch."""
 
@@ -189,7 +196,7 @@ class _FakeCuda:
     def __init__(self, tracer):
         self._t = tracer
         self.shared = _Namespace(array=tracer._shared_array)
-        self.local = _Namespace(array=lambda shape, dtype: np.zeros(shape, _numpy_dtype(dtype)))
+        self.local = _Namespace(array=_local_array)
         self.const = _Namespace(array_like=lambda a: np.asarray(a._data if isinstance(a, TracedArray) else a))
         self.atomic = _Namespace(
             add=lambda a, i, v: a._atomic(i, lambda old: old + v),
