@@ -7,9 +7,9 @@
 `trace` runs a kernel written for `numba.cuda` on the CPU, in plain Python: it calls the
 kernel's Python function (`kernel.py_func`) with the name `cuda` pointing at a stand-in that
 knows which thread is running (threadIdx, blockIdx, blockDim, gridDim, grid, shared.array,
-syncthreads, atomic). Every array argument is wrapped in a `TracedArray`, whose [] records the
-thread, the element, read or write, and the *phase*: how many `syncthreads()` barriers that thread
-has passed. The threads of a block take turns, each running until its next barrier, so a run is
+syncthreads, atomic; a float `local.array` starts as nan, where a GPU leaves garbage). Every
+array argument is wrapped in a `TracedArray`, whose [] records the thread, the element, read or
+write, and the *phase*: how many `syncthreads()` barriers that thread has passed. The threads of a block take turns, each running until its next barrier, so a run is
 the same every time.
 
 From the records the report finds two classic bugs:
