@@ -1,5 +1,6 @@
 """The CPU twins (`course.kernels.cpu`, numba.njit) against NumPy, in float32 and float64."""
 
+import numba
 import numpy as np
 import pytest
 
@@ -106,3 +107,30 @@ def test_cpu_calls_are_counted(rng):
     cpu.matmul(arr(rng, 2, 2), arr(rng, 2, 2))
     cpu.softmax(arr(rng, 2, 2))
     assert K.launches() == {"cpu.matmul": 1, "cpu.softmax": 1}
+
+
+def test_thread_count_follows_omp_num_threads_unless_numba_num_threads_is_set(monkeypatch):
+    monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert cpu.threads() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu.threads() == numba.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("NUMBA_NUM_THREADS", str(numba.get_num_threads()))
+    assert cpu.threads() == numba.get_num_threads()
+
+
+@pytest.mark.parametrize("work", [0, 1 << 40])  # every call parallel, every call on one thread
+def test_parallel_and_serial_loops_agree_and_leave_the_thread_count_alone(rng, monkeypatch, work):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", work)
+    before = numba.get_num_threads()
+    a, b = arr(rng, 3, 13, 9), arr(rng, 3, 9, 10)
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, **TOL[np.float64])
+    np.testing.assert_allclose(cpu.matmul(a[0], b[0]), a[0] @ b[0], **TOL[np.float64])
+    args = scan_inputs(rng, dtype=np.float64)
+    np.testing.assert_allclose(cpu.selective_scan(*args), np_scan(*args), **TOL[np.float64])
+    y, states = cpu.selective_scan(*args, return_states=True)
+    grads = cpu.selective_scan_backward(np.ones_like(y), *args, states)
+    assert all(np.isfinite(g).all() for g in grads)
+    assert numba.get_num_threads() == before

@@ -586,6 +586,138 @@ def matmul_backward_numpy(a, b, g, matmul):
     return g @ b.T, a.T @ g
 
 
+@cuda.jit
+def matmul_bt_row_from_x(a, bt, c):
+    row, col = cuda.grid(2)  # x taken for the row: on a tall c, the grid's x does not reach every row
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * bt[col, k]
+        c[row, col] = acc
+
+
+@cuda.jit
+def scan_kernel_state_not_zeroed(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)  # never set to 0: garbage on a GPU
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+# ----- right answers written otherwise than the worked solutions
+
+@cuda.jit
+def block_sum_interleaved(x, partial):
+    # neighbours first (steps 1, 2, 4, ...), thread t busy when t is a multiple of twice the step
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * cuda.blockDim.x + t
+    cache[t] = 0
+    if i < x.size:
+        cache[t] = x[i]
+    cuda.syncthreads()
+    step = 1
+    while step < cuda.blockDim.x:
+        if t % (2 * step) == 0:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step *= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def matmul_bt_tiled_bt_layout(a, bt, c):
+    # the tile of bt kept in bt's own layout: tile_b[i, j] = bt[block's column i, start + j]
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row = cuda.blockIdx.y * TILE + ty
+    col = cuda.blockIdx.x * TILE + tx
+    b_row = cuda.blockIdx.x * TILE + ty
+    acc = float32(0)
+    for step in range((a.shape[1] + TILE - 1) // TILE):
+        start = step * TILE
+        tile_a[ty, tx] = 0
+        tile_b[ty, tx] = 0
+        if row < a.shape[0] and start + tx < a.shape[1]:
+            tile_a[ty, tx] = a[row, start + tx]
+        if b_row < bt.shape[0] and start + tx < bt.shape[1]:
+            tile_b[ty, tx] = bt[b_row, start + tx]
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[tx, j]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def softmax_backward_thread_zero_adds(s, g, dx):
+    # thread 0 adds up the block's partial sums alone, then shares the total through shared memory
+    cache = cuda.shared.array(TPB, float32)
+    total = cuda.shared.array(1, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    p = float32(0)
+    for j in range(t, n, TPB):
+        p += g[row, j] * s[row, j]
+    cache[t] = p
+    cuda.syncthreads()
+    if t == 0:
+        q = float32(0)
+        for j in range(TPB):
+            q += cache[j]
+        total[0] = q
+    cuda.syncthreads()
+    for j in range(t, n, TPB):
+        dx[row, j] = s[row, j] * g[row, j] - s[row, j] * total[0]
+
+
+def kernel_relu_blocks_of_64(x, forward_kernel, backward_kernel):
+    blocks = -(-x.data.size // 64)
+    out = np.zeros_like(x.data)
+    forward_kernel[blocks, 64](x.data, out)
+
+    def backward(g):
+        dx = np.zeros_like(x.data)
+        backward_kernel[blocks, 64](x.data, np.ascontiguousarray(g, dtype=x.data.dtype), dx)
+        return (dx,)
+
+    return operation("kernel_relu", out, (x,), backward)
+
+
+def matmul_backward_by_transposes(a, b, g, matmul):
+    return [matmul(b, g.T).T, matmul(g.T, a).T]
+
+
+# ----- known-wrong answers that call the library function the exercise asks for
+
+@cuda.jit
+def block_sum_library(x, partial):
+    if cuda.threadIdx.x == 0:
+        start = cuda.blockIdx.x * TPB
+        values = np.array([x[j] for j in range(start, min(start + TPB, x.size))], np.float32)
+        partial[cuda.blockIdx.x] = K.cpu.reduce_sum(values)
+
+
+@cuda.jit
+def softmax_backward_library(s, g, dx):
+    if cuda.threadIdx.x == 0:
+        r, n = cuda.blockIdx.x, s.shape[1]
+        got = K.softmax_backward(np.array([[s[r, j] for j in range(n)]]), np.array([[g[r, j] for j in range(n)]]))
+        for j in range(n):
+            dx[r, j] = got[0, j]
+
+
 CASES = [
     ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
     ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
@@ -604,11 +736,13 @@ CASES = [
     ("6.2.2", block_sum, block_sum_no_barrier, "a missing barrier"),
     ("6.2.2", block_sum, block_sum_no_padding, "before any thread of its block wrote it"),
     ("6.2.2", block_sum, block_sum_load_unguarded, "read x[37] out of bounds"),
+    ("6.2.2", block_sum, block_sum_library, "write this yourself"),
     ("6.2.3", rms_norm_rows, rms_norm_no_barrier, "a missing barrier"),
     ("6.2.3", rms_norm_rows, rms_norm_one_column_per_thread, "element (0, 32) of out was never written"),
     ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
     ("6.3.1", matmul_bt, matmul_bt_not_transposed, "out of bounds"),
     ("6.3.1", matmul_bt, matmul_bt_guard_off_by_one, "out of bounds"),
+    ("6.3.1", matmul_bt, matmul_bt_row_from_x, "element (4, 0) of c was never written"),
     ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_load_unguarded, "read a[0, 3] out of bounds (a has shape (5, 3))"),
     ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_zero, "before any thread of its block wrote it"),
     ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_no_second_barrier, "a missing barrier"),
@@ -617,8 +751,10 @@ CASES = [
     ("6.3.3", tiled_reads, naive_reads, "the number of reads of the naive kernel"),
     ("6.3.4", scan_kernel, scan_kernel_no_guard, "out of bounds"),
     ("6.3.4", scan_kernel, scan_kernel_forgets_D, "expected y"),
+    ("6.3.4", scan_kernel, scan_kernel_state_not_zeroed, "starts with garbage on a GPU"),
     ("6.4.1", softmax_backward_rows, softmax_backward_elementwise, "expected dx"),
     ("6.4.1", softmax_backward_rows, softmax_backward_no_barrier, "a missing barrier"),
+    ("6.4.1", softmax_backward_rows, softmax_backward_library, "write this yourself"),
     ("6.4.2", kernel_relu, kernel_relu_forgot_return, "did it forget `return`"),
     ("6.4.2", kernel_relu, kernel_relu_one_block, "element 32 of out was never written"),
     ("6.4.2", kernel_relu, kernel_relu_numpy, "never launched forward_kernel"),
@@ -646,7 +782,13 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.1.3", lambda shape, block: [math.ceil(shape[1] / block[0]), math.ceil(shape[0] / block[1])]),
     ("6.2.3", rms_norm_one_thread),
     ("6.3.4", scan_kernel_state_by_state),
-], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state"])
+    ("6.2.2", block_sum_interleaved),
+    ("6.3.2", matmul_bt_tiled_bt_layout),
+    ("6.4.1", softmax_backward_thread_zero_adds),
+    ("6.4.2", kernel_relu_blocks_of_64),
+    ("6.4.3", matmul_backward_by_transposes),
+], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
+        "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
@@ -656,6 +798,15 @@ def test_other_right_answers_pass(exercise_id, candidate):
 def test_the_library_kernel_is_refused(exercise_id, kernel):
     result = check(exercise_id, kernel)
     assert result.status == "failed" and "course's own" in result.message
+
+
+@pytest.mark.parametrize("exercise_id,path", [("6.2.2", "course.kernels.reduce_sum"),
+                                              ("6.3.1", "course.kernels.cpu.matmul"),
+                                              ("6.4.1", "course.kernels.cpu.softmax_backward")])
+def test_the_library_host_function_passed_as_the_answer_is_refused(exercise_id, path):
+    module, name = path.rsplit(".", 1)
+    result = check(exercise_id, getattr(__import__(module, fromlist=["_"]), name))
+    assert result.status == "failed" and "write this yourself" in result.message, result.message
 
 
 def test_a_function_that_forgot_return_is_told_so():

@@ -273,3 +273,33 @@ def test_a_thread_that_raises_before_a_barrier_is_named_and_the_others_are_relea
     worker.join(timeout=60)
     assert not worker.is_alive(), "trace hung: threads waiting at a barrier were never released"
     assert "thread 0 raised ValueError: thread 0 gives up" in outcome["error"]
+
+
+def test_the_legend_of_a_2d_grid_names_blocks_by_their_block_idx():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    @cuda.jit
+    def copy2d(a, out):
+        col, row = cuda.grid(2)
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = a[row, col]
+
+    a = np.ones((6, 10), np.float32)
+    ax = K.trace(copy2d, (3, 2), (4, 4), a, np.zeros_like(a)).draw("out")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close("all")
+    assert labels == ["block (0, 0)", "block (1, 0)", "block (2, 0)", "block (0, 1)", "block (1, 1)", "block (2, 1)"]
+
+
+def test_a_local_array_starts_as_nan_as_a_reminder_that_a_gpu_leaves_it_uninitialised():
+    @cuda.jit
+    def reads_before_writing(out):
+        h = cuda.local.array(2, float32)
+        h[1] = 1
+        out[0], out[1] = h[0], h[1]
+
+    out = np.zeros(2, np.float32)
+    K.trace(reads_before_writing, 1, 1, out)
+    assert np.isnan(out[0]) and out[1] == 1

@@ -8,8 +8,11 @@ thread that read past the end of an array (a missing guard), or a thread that re
 thread of its block wrote with no `cuda.syncthreads()` between them (a missing barrier). On a
 machine with a GPU the kernel is also launched there once, to make sure numba compiles it.
 
-The references are written here in NumPy, independently of `course.kernels`; a kernel of the
-library passed as the answer is refused.
+The references are written here in NumPy, independently of `course.kernels`. The library's
+host functions that an exercise asks the learner to write are listed in its `forbid` (the shared
+mechanism of `_core`). Its kernels are refused differently, by `_refuse_library`: they are launched
+as `kernel[grid, block]`, which a blocked stand-in could not be, and a learner can hand one over
+re-jitted (`cuda.jit(K.reduce_sum_kernel.py_func)`), so they are recognised by their code.
 """
 
 import sys
@@ -160,6 +163,8 @@ def _trace(candidate, grid, block, *args, on=""):
         if isinstance(err, OverflowError):
             raise CheckFailed(f"exp overflowed in your kernel ({who}: {err}){where}: "
                               f"subtract the row's maximum before taking exp")
+        if isinstance(err, CheckFailed):  # a library function the exercise asks the learner to write
+            raise CheckFailed(f"in your kernel, {who}: {err}{where}")
         raise CheckFailed(f"in your kernel, {who} raised {type(err).__name__}: {err}{where}")
     return report
 
@@ -353,7 +358,9 @@ def _grid2(shape, block):
 
 
 @exercise("6.1.4", hint="col, row = cuda.grid(2): x runs along the columns, y along the rows; a thread "
-                        "whose (row, col) is outside the matrix along either axis must do nothing")
+                        "whose (row, col) is outside the matrix along either axis must do nothing",
+          forbid=["course.kernels.vector_add", "course.kernels.cpu.vector_add"],
+          task="add the matrices one element per thread")
 def _(candidate, rng):
     _refuse_library(candidate)
     cases = [((5, 7), (4, 4)), ((2, 9), (8, 2)), ((3, 3), (4, 4)), ((8, 8), (4, 4)), ((6, 2), (4, 4)),
@@ -403,7 +410,9 @@ def _(candidate, rng):
 
 @exercise("6.2.2", hint="load one element per thread into shared memory (0 past the end), then halve: "
                         "at each step thread t adds slot t + step when t < step, and every thread waits "
-                        "at a barrier before the next step reads those sums")
+                        "at a barrier before the next step reads those sums",
+          forbid=["course.kernels.reduce_sum", "course.kernels.cpu.reduce_sum"],
+          task="add up each block's elements in shared memory")
 def _(candidate, rng):
     _refuse_library(candidate)
     for n in [32, 37, 5, 64, 100, int(rng.integers(1, 130))]:
@@ -425,7 +434,8 @@ def _rms_norm_rows(x, weight, eps):
 
 @exercise("6.2.3", hint="a block per row: each thread adds up x * x over the columns t, t + blockDim, ... "
                         "(rows can be longer than the block), the block combines those sums in shared "
-                        "memory with barriers, and every thread then scales its own columns")
+                        "memory with barriers, and every thread then scales its own columns",
+          forbid=["course.mamba.rms_norm"], task="normalise each row in your kernel")
 def _(candidate, rng):
     _refuse_library(candidate)
     eps = np.float32(1e-5)
@@ -447,13 +457,16 @@ def _(candidate, rng):
 
 
 def _matmul_cases(rng):
-    # (m, k, n): awkward shapes, a single row, a single column, and one multiple of the tile
-    return [(5, 3, 7), (1, 4, 1), (8, 8, 8), (3, 9, 2), (6, 1, 5),
+    # (m, k, n): awkward shapes, a single row, a single column, one multiple of the tile, and one
+    # much taller than wide (there, a kernel that takes x for the row misses rows)
+    return [(5, 3, 7), (1, 4, 1), (8, 8, 8), (3, 9, 2), (6, 1, 5), (10, 3, 2),
             (int(rng.integers(1, 10)), int(rng.integers(1, 10)), int(rng.integers(1, 10)))]
 
 
 @exercise("6.3.1", hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
-                        "And the guard must cover both axes of c")
+                        "And the guard must cover both axes of c",
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
+          task="compute one element of c per thread")
 def _(candidate, rng):
     _refuse_library(candidate)
     for m, k, n in _matmul_cases(rng):
@@ -475,7 +488,9 @@ def _tiled_reads(m, k, n, tile):
 
 @exercise("6.3.2", hint="each thread stores one element of each tile, at its own [ty, tx]: the one the "
                         "compute loop expects there for this step (tile_b[j, tx] stands for B[start + j, col]); "
-                        "0 where that element lies outside the matrix")
+                        "0 where that element lies outside the matrix",
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
+          task="compute c from tiles in shared memory")
 def _(candidate, rng):
     _refuse_library(candidate)
     for m, k, n in _matmul_cases(rng):
@@ -525,7 +540,9 @@ def _scan_reference(u, delta, A, B, C, D):
 
 @exercise("6.3.4", hint="thread i = cuda.grid(1) owns sequence i // d_in, channel i % d_in (guard i < b * d_in); "
                         "it keeps its n state numbers in cuda.local.array and walks forward in time: "
-                        "h = exp(delta A) h + delta B u, then y = <C, h> + D u")
+                        "h = exp(delta A) h + delta B u, then y = <C, h> + D u",
+          forbid=["course.kernels.selective_scan", "course.kernels.cpu.selective_scan", "course.mamba.selective_scan"],
+          task="run the recurrence of one (sequence, channel) per thread")
 def _(candidate, rng):
     _refuse_library(candidate)
     cases = [(1, 1, 1, 1), (2, 5, 3, 4), (1, 7, 5, 2), (3, 4, 2, 16)]
@@ -540,6 +557,8 @@ def _(candidate, rng):
         blocks = -(-(b * d) // TPB)
         on = f"b={b}, l={l}, d_in={d}, n={n}, {blocks} block(s) of {TPB} threads"
         _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=("y",))
+        expect(not np.isnan(y).any(), f"y has nan on {on}: a cuda.local.array starts with garbage on a GPU (the "
+                                      f"tracer fills it with nan), so write each slot before the first read")
         expect_close(y, _scan_reference(u, delta, A, B, C, D), on=on, rtol=1e-4, atol=1e-5, what="y")
 
 
@@ -553,7 +572,9 @@ def _softmax_backward_reference(s, g):
 
 @exercise("6.4.1", hint="dx = s * (g - <g, s>) row by row: the block first adds up g * s over its row (each "
                         "thread its columns t, t + blockDim, ..., then a tree in shared memory with barriers), "
-                        "then every thread writes its own columns of dx")
+                        "then every thread writes its own columns of dx",
+          forbid=["course.kernels.softmax_backward", "course.kernels.cpu.softmax_backward"],
+          task="compute dx with one block per row")
 def _(candidate, rng):
     _refuse_library(candidate)
     cases = [(np.array([[0.2, 0.3, 0.5]]), np.array([[1.0, 0.0, 0.0]]), "s=[[0.2, 0.3, 0.5]], g=[[1, 0, 0]]"),

@@ -6,6 +6,13 @@ with `prange`, which hands the iterations to the CPU's threads; the others read 
 or twice, so memory, not arithmetic, sets their speed, and they stay on one thread (each parallel
 loop also costs seconds of compilation). They work in float32 and float64.
 
+A parallel loop is not free: the threads start together and the call returns only when the last
+one is done. When the cores are busy with other programs, that last thread can wait milliseconds
+for its turn, on every call, and a training step makes hundreds of calls. So `_run` gives a loop
+several threads only when there is enough work to share and threads to spare: it honours
+OMP_NUM_THREADS (the limit NumPy's BLAS obeys; `make test` sets it to 1) unless NUMBA_NUM_THREADS
+is set.
+
 The matrix product is the interesting one. A CPU core is fast when (1) it multiplies 8 or 16
 numbers at once with one vector instruction, and (2) the numbers come from its small caches
 rather than from memory. `matmul` computes C = A B as dot products of rows of A with rows of
@@ -14,10 +21,38 @@ time: each number of A loaded is used 4 times, each of B^T 4 times, and the 16 r
 in registers. B^T is made once, up front (a transposed view such as `b.T` already is one).
 """
 
+import os
+
+import numba
 import numpy as np
 from numba import njit, prange
 
 from .launch import count
+
+# Below this many multiply-adds a call takes well under a millisecond on one thread, and sharing it
+# out costs more than it saves.
+PARALLEL_WORK = 1 << 21
+
+
+def threads():
+    """The threads a parallel loop may use: numba's count, capped by OMP_NUM_THREADS unless
+    NUMBA_NUM_THREADS is set (`OMP_NUM_THREADS=1` asks every library for one thread)."""
+    n = numba.get_num_threads()
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if "NUMBA_NUM_THREADS" not in os.environ and omp.isdigit() and int(omp) > 0:
+        n = min(n, int(omp))
+    return n
+
+
+def _run(loop, work, *args):
+    """Call a `prange` loop on as many threads as `work` (multiply-adds) deserves; one thread runs
+    it in the calling thread, with no one to wait for."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads() if work >= PARALLEL_WORK else 1)  # for this Python thread only
+    try:
+        loop(*args)
+    finally:
+        numba.set_num_threads(before)
 
 # ----- elementwise and sums ---------------------------------------------------------------------------
 
@@ -323,10 +358,10 @@ def matmul_bt(a, bt):
     if a.shape[-1] == 0:
         out[...] = 0
     elif a.ndim == 2:
-        _matmul_bt(a, bt, out)
+        _run(_matmul_bt, out.size * a.shape[-1], a, bt, out)
     else:
         m, k, n = a.shape[-2], a.shape[-1], bt.shape[-2]
-        _matmul_bt_batched(a.reshape(-1, m, k), bt.reshape(-1, n, k), out.reshape(-1, m, n))
+        _run(_matmul_bt_batched, out.size * k, a.reshape(-1, m, k), bt.reshape(-1, n, k), out.reshape(-1, m, n))
     count("cpu.matmul")
     return out
 
@@ -417,7 +452,7 @@ def selective_scan(u, delta, A, B, C, D=None, return_states=False):
     (b, l, d), n = u.shape, A.shape[1]
     y = np.empty_like(u)
     states = np.empty((b, l, d, n) if return_states else (1, 1, 1, 1), dtype=u.dtype)
-    _scan(u, delta, A, B, C, D, y, states, return_states)
+    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, return_states)
     count("cpu.selective_scan")
     return (y, states) if return_states else y
 
@@ -429,6 +464,6 @@ def selective_scan_backward(g, u, delta, A, B, C, D, states):
     du, ddelta = np.empty_like(u), np.empty_like(u)
     dB, dC = np.empty_like(B), np.empty_like(C)
     dA, dD = np.zeros((b,) + A.shape, u.dtype), np.zeros((b, d), u.dtype)
-    _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD)
+    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD)
     count("cpu.selective_scan_backward")
     return du, ddelta, reduce_rows(dA), dB, dC, reduce_rows(dD)

@@ -7,9 +7,9 @@
 `trace` runs a kernel written for `numba.cuda` on the CPU, in plain Python: it calls the
 kernel's Python function (`kernel.py_func`) with the name `cuda` pointing at a stand-in that
 knows which thread is running (threadIdx, blockIdx, blockDim, gridDim, grid, shared.array,
-syncthreads, atomic). Every array argument is wrapped in a `TracedArray`, whose [] records the
-thread, the element, read or write, and the *phase*: how many `syncthreads()` barriers that thread
-has passed. The threads of a block take turns, each running until its next barrier, so a run is
+syncthreads, atomic; a float `local.array` starts as nan, where a GPU leaves garbage). Every
+array argument is wrapped in a `TracedArray`, whose [] records the thread, the element, read or
+write, and the *phase*: how many `syncthreads()` barriers that thread has passed. The threads of a block take turns, each running until its next barrier, so a run is
 the same every time.
 
 From the records the report finds two classic bugs:
@@ -181,6 +181,13 @@ def _numpy_dtype(dtype):
         return as_dtype(dtype)
 
 
+def _local_array(shape, dtype):
+    """A thread's cuda.local.array. On a GPU it starts with whatever the registers held: here a
+    float array starts as nan, so that a kernel that reads a slot before writing it shows nan."""
+    dtype = _numpy_dtype(dtype)
+    return np.full(shape, np.nan, dtype) if np.issubdtype(dtype, np.floating) else np.zeros(shape, dtype)
+
+
 class _FakeCuda:
     """What `cuda.` means inside a traced kernel: the running thread's view of the launch."""
 
@@ -189,7 +196,7 @@ class _FakeCuda:
     def __init__(self, tracer):
         self._t = tracer
         self.shared = _Namespace(array=tracer._shared_array)
-        self.local = _Namespace(array=lambda shape, dtype: np.zeros(shape, _numpy_dtype(dtype)))
+        self.local = _Namespace(array=_local_array)
         self.const = _Namespace(array_like=lambda a: np.asarray(a._data if isinstance(a, TracedArray) else a))
         self.atomic = _Namespace(
             add=lambda a, i, v: a._atomic(i, lambda old: old + v),
@@ -469,7 +476,7 @@ class TraceReport:
         if title is None:
             title = f"{name}: which thread {what} each element" + (f" in phase {phase}" if phase is not None else "")
         return draw_thread_map(self.touched_by(name, kind, phase), threads_per_block=int(np.prod(self._t.block)),
-                               block_shape=self.block, ax=ax, title=title)
+                               block_shape=self.block, grid_shape=self.grid, ax=ax, title=title)
 
     def summary(self, limit=5):
         n_threads = int(np.prod(self._t.grid)) * int(np.prod(self._t.block))

@@ -20,11 +20,12 @@ def _colour(who, threads_per_block):
     return cmap(0.3 + 0.6 * thread / max(threads_per_block - 1, 1))
 
 
-def draw_thread_map(owner, threads_per_block, block_shape=None, ax=None, title=None, labels=None):
+def draw_thread_map(owner, threads_per_block, block_shape=None, ax=None, title=None, labels=None, grid_shape=None):
     """Draw a 1-D or 2-D array of thread numbers as coloured cells, each labelled with its thread.
 
     owner: from `TraceReport.touched_by`. block_shape: the launch's block (an int or a tuple),
-    used to label a thread by its threadIdx. labels: write the thread in each cell (default: when
+    used to label a thread by its threadIdx. grid_shape: the launch's grid, to name a block of a 2-D
+    or 3-D grid by its blockIdx (x, y) in the legend. labels: write the thread in each cell (default: when
     there are at most 400 cells). Unvisited elements are white, elements touched by several
     threads are black: both are what a picture of a correct kernel should not have.
     """
@@ -64,8 +65,17 @@ def draw_thread_map(owner, threads_per_block, block_shape=None, ax=None, title=N
         ax.set_title(title)
     blocks = sorted({int(w) // threads_per_block for w in np.unique(grid) if w >= 0})
     n_blocks = len(blocks)
+    grid_shape = tuple(np.atleast_1d(grid_shape)) if grid_shape is not None else ()
+    while len(grid_shape) > 1 and grid_shape[-1] == 1:
+        grid_shape = grid_shape[:-1]
+
+    def block_name(b):  # blocks are numbered with x fastest, as in a launch
+        if len(grid_shape) < 2:
+            return f"block {b}"
+        return "block (" + ", ".join(str(int(i)) for i in np.unravel_index(b, grid_shape[::-1])[::-1]) + ")"
+
     legend = [Patch(facecolor=_colour(b * threads_per_block + threads_per_block // 2, threads_per_block),
-                    label=f"block {b}") for b in blocks[:8]]
+                    label=block_name(b)) for b in blocks[:8]]
     if (grid == NONE).any():
         legend.append(Patch(facecolor="white", edgecolor="0.6", label="no thread"))
     if (grid == SEVERAL).any():
