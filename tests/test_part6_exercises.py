@@ -763,6 +763,14 @@ CASES = [
 ]
 
 
+def test_every_exercise_of_part_6_has_a_known_wrong_answer():
+    from course.exercises import registered_ids
+
+    covered = {case[0] for case in CASES}
+    missing = [i for i in registered_ids() if i.startswith("6.") and i not in covered]
+    assert not missing, f"add a known-wrong answer to CASES for {missing}"
+
+
 @pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
                          ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
 def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
