@@ -463,19 +463,27 @@ def _matmul_cases(rng):
             (int(rng.integers(1, 10)), int(rng.integers(1, 10)), int(rng.integers(1, 10)))]
 
 
-@exercise("6.3.1", hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
-                        "And the guard must cover both axes of c",
-          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
-          task="compute one element of c per thread")
-def _(candidate, rng):
+def _run_matmul(candidate, rng):
+    """Run a learner's c = a @ bt.T kernel on each case and check c; yield each case's shape, its
+    description and the tracer's report."""
     _refuse_library(candidate)
     for m, k, n in _matmul_cases(rng):
         a, bt = _f32(m, k, rng=rng), _f32(n, k, rng=rng)
         c = np.zeros((m, n), np.float32)
         grid = _grid2((m, n), (TILE, TILE))
         on = f"a of shape {(m, k)}, bt of shape {(n, k)}, a grid of {grid} blocks of {(TILE, TILE)} threads"
-        _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
+        report = _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
         expect_close(c, a.astype(np.float64) @ bt.T.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
+        yield (m, k, n), on, report
+
+
+@exercise("6.3.1", hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
+                        "And the guard must cover both axes of c",
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
+          task="compute one element of c per thread")
+def _(candidate, rng):
+    for _ in _run_matmul(candidate, rng):
+        pass
 
 
 def _tiled_reads(m, k, n, tile):
@@ -492,14 +500,7 @@ def _tiled_reads(m, k, n, tile):
           forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
           task="compute c from tiles in shared memory")
 def _(candidate, rng):
-    _refuse_library(candidate)
-    for m, k, n in _matmul_cases(rng):
-        a, bt = _f32(m, k, rng=rng), _f32(n, k, rng=rng)
-        c = np.zeros((m, n), np.float32)
-        grid = _grid2((m, n), (TILE, TILE))
-        on = f"a of shape {(m, k)}, bt of shape {(n, k)}, a grid of {grid} blocks of {(TILE, TILE)} threads"
-        report = _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
-        expect_close(c, a.astype(np.float64) @ bt.T.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
+    for (m, k, n), on, report in _run_matmul(candidate, rng):
         reads = sum(1 for name in ("a", "bt") for _, acc in report.accesses(name) if acc.kind == "read")
         expected = _tiled_reads(m, k, n, TILE)
         expect(reads <= expected, f"your kernel read a and bt {reads} times from global memory, where loading "
