@@ -103,22 +103,28 @@ def _guard(fn, cuda_, errors, args):
     never left waiting at a barrier. A line budget stops a loop that never ends.
     """
     budget = [LINE_BUDGET]
+    learners_file = fn.__code__.co_filename
 
     def local(frame, event, arg):
         if event == "line":
             budget[0] -= 1
-            if budget[0] < 0 or (errors and isinstance(errors[0][2], _TooLong)):  # or another thread's loop
+            # Every line run counts, but the loop is stopped only in the learner's own code (the
+            # kernel and the device functions beside it): raising from a tracer inside NumPy's or
+            # the tracer's frames can crash CPython.
+            if ((budget[0] < 0 or (errors and isinstance(errors[0][2], _TooLong)))  # or another thread's loop
+                    and frame.f_code.co_filename == learners_file):
                 raise _TooLong()
         return local
 
-    sys.settrace(lambda frame, event, arg: local)
     try:
         with np.errstate(all="ignore"):  # per thread: a float32 overflow gives inf, as on a GPU
-            fn(*args)
+            sys.settrace(lambda frame, event, arg: local)
+            try:
+                fn(*args)
+            finally:
+                sys.settrace(None)
     except Exception as err:
         errors.append((tuple(cuda_.blockIdx), tuple(cuda_.threadIdx), err))
-    finally:
-        sys.settrace(None)
 
 
 class _Holder:
