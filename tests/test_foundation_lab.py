@@ -26,7 +26,7 @@ import pytest
 
 from course import grading, lab, notebooks
 
-pytestmark = [pytest.mark.foundation, pytest.mark.slow]
+pytestmark = pytest.mark.foundation
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ".ipynb_checkpoints"
 
@@ -116,6 +116,7 @@ def _rel(paths, root):
     return [p.relative_to(root).as_posix() for p in paths]
 
 
+@pytest.mark.slow
 def test_nothing_that_lists_notebooks_sees_the_checkpoints(opened, tmp_path):
     work, _ = opened
     for kind in notebooks.NOTEBOOK_DIRS:
@@ -135,6 +136,7 @@ def test_nothing_that_lists_notebooks_sees_the_checkpoints(opened, tmp_path):
     assert CHECKPOINTS not in str(error.value)
 
 
+@pytest.mark.slow
 def test_the_consistency_test_passes_beside_the_checkpoints(opened):
     """The consistency test itself, as copied into the opened course (its ROOT is the copy)."""
     work, _ = opened
@@ -148,6 +150,7 @@ def test_the_consistency_test_passes_beside_the_checkpoints(opened):
     module.test_every_check_belongs_to_a_lesson()
 
 
+@pytest.mark.slow
 def test_pytest_collects_no_checkpoint_copy(opened):
     work, _ = opened
     folders = sorted({p.parent.parent.relative_to(work).as_posix() for p in work.rglob(f"{CHECKPOINTS}/*.ipynb")})
@@ -160,6 +163,7 @@ def test_pytest_collects_no_checkpoint_copy(opened):
         assert f"{folder}/" in run.stdout
 
 
+@pytest.mark.slow
 def test_the_lab_does_not_ask_about_news_or_look_for_updates(opened):
     _, seen = opened
     assert seen["page"]["news"] == {"disabled": True}, "the server must not fetch Jupyter's news"
