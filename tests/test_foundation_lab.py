@@ -217,3 +217,21 @@ def test_make_clean_removes_the_checkpoint_copies(tmp_path):
     run = subprocess.run(["make", "clean"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert lesson.exists() and not copy.parent.exists()
+
+
+def test_the_readme_gives_the_commands_make_runs_for_a_machine_without_make():
+    """Windows has no make: the README's commands by hand must stay the ones the Makefile runs."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Without `make`.*?```\n(.*?)```", readme, re.S)
+    assert block, "README.md has no commands for a machine without make"
+    by_hand = {line.split("  #")[0].strip().replace(".venv\\Scripts\\", "") for line in block.group(1).splitlines()}
+    dry = subprocess.run(["make", "-n", "-B", "test", "lab"], cwd=ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    made = [re.sub(r"^(\w+=\S+ )*\.venv/bin/", "", line).replace(" -q ", " ")
+            for line in dry.stdout.splitlines() if ".venv/bin/python -m" in line]
+    assert len(made) == 4, made
+    missing = [command for command in made if command not in by_hand]
+    assert not missing, f"README's commands without make lack {missing}"
+    assert "python3-venv" in readme and "jupyter server stop" in readme and "Ctrl-C twice" in readme

@@ -37,7 +37,7 @@ def test_the_conversion_only_moved_markers_into_tags():
     of the notebook before has its tag after, and nothing else changed."""
     if shutil.which("git") is None or _git("rev-parse", "--git-dir").returncode != 0:
         pytest.skip("not a git checkout: the conversion commit cannot be read")
-    commits = _git("log", "--format=%H", "--fixed-strings", f"--grep={CONVERSION}").stdout.split()
+    commits = _git("log", "--no-merges", "--format=%H", "--fixed-strings", f"--grep={CONVERSION}").stdout.split()
     if not commits:
         pytest.skip(f"no commit {CONVERSION!r} in this checkout's history (a shallow or squashed clone)")
     for commit in commits:
