@@ -41,6 +41,8 @@ def test_the_conversion_only_moved_markers_into_tags():
     if not commits:
         pytest.skip(f"no commit {CONVERSION!r} in this checkout's history (a shallow or squashed clone)")
     for commit in commits:
+        if _git("rev-parse", "--verify", "--quiet", f"{commit}^").returncode != 0:
+            pytest.skip(f"the commit before {commit[:10]} is not in this (shallow) clone")
         changed = _git("diff", "--name-only", f"{commit}^", commit).stdout.split()
         assert changed, f"{commit[:10]} changes nothing"
         for name in changed:
