@@ -18,8 +18,10 @@ ONE_THREAD  := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
 
+# A .venv without pip is what `python3 -m venv` leaves where the python3-venv package is missing
+# (Debian, Ubuntu): once that is installed, the next run makes .venv afresh.
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python -a -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) ## create .venv and install the course with its dependencies
 
 lab: setup ## open JupyterLab at the top of the course: notebooks/ and solutions/ side by side
-	$(BIN)/jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(BIN)/python -m course lab
 
 test: setup ## run every test: unit tests, all notebooks (nbval) and the exercise checks
 	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
@@ -59,6 +61,6 @@ colab: setup ## point badges and install cells at a fork: make colab REPO=owner/
 syllabus: setup ## rewrite the syllabus table of README.md from the notebooks
 	$(BIN)/python -m course syllabus
 
-clean: ## remove .venv and caches
+clean: ## remove .venv, caches and JupyterLab's checkpoint copies of the notebooks
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

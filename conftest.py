@@ -21,6 +21,13 @@ except ImportError:  # hypothesis is part of the dev extra
     pass
 
 
+def pytest_ignore_collect(collection_path, config):
+    """JupyterLab keeps a copy of every notebook it opens in `.ipynb_checkpoints/`: never a test."""
+    if ".ipynb_checkpoints" in collection_path.parts:
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = str(item.fspath)

@@ -3,7 +3,9 @@
     assign PARTS... --out DIR          lesson notebooks of the chosen parts, without solutions
     grade NOTEBOOKS... --out FILE.csv  run submitted notebooks, check their exercises, one row each
     doctor                             versions, graphviz, GPU or simulator
+    lab                                JupyterLab at the top of the course, without the news pop-up
     notebooks [PATHS...]               re-execute notebooks in place (all of them by default)
+    notebooks --tags-only [PATHS...]   only turn `# NBVAL_...` comments into cell tags (no run)
     colab OWNER/NAME                   point badges and install cells at a fork
     syllabus                           rewrite the syllabus table of README.md
 """
@@ -29,13 +31,19 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
 
     sub.add_parser("doctor", help="what this machine has for the course")
+    p = sub.add_parser("lab", help="start JupyterLab at the top of the course (Ctrl-C twice stops it)")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p = sub.add_parser("notebooks", help="re-execute notebooks in place, in a fresh kernel")
     p.add_argument("paths", nargs="*")
+    p.add_argument("--tags-only", action="store_true",
+                   help="do not run them: only turn `# NBVAL_...` comment lines into cell tags")
     p = sub.add_parser("colab", help="point badges and install cells at a fork")
     p.add_argument("repo", help="owner/name on GitHub")
     sub.add_parser("syllabus", help="rewrite the syllabus table in README.md")
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lab":  # only `lab` passes options on (to JupyterLab)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "assign":
         from .grading import assign
         assign(args.parts, args.out)
@@ -46,9 +54,12 @@ def main(argv=None):
     elif args.command == "doctor":
         from .doctor import main as doctor
         doctor()
+    elif args.command == "lab":
+        from .lab import main as lab
+        return lab(extra, dry_run=args.dry_run)
     elif args.command == "notebooks":
         from .notebooks import cmd_notebooks
-        cmd_notebooks(args.paths)
+        cmd_notebooks(args.paths, tags_only=args.tags_only)
     elif args.command == "colab":
         from .notebooks import set_repo, write_syllabus
         set_repo(args.repo)
@@ -59,4 +70,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

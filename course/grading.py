@@ -36,7 +36,7 @@ import time
 import tokenize
 from pathlib import Path
 
-from .notebooks import KERNEL_ENV, all_notebooks, repo_root
+from .notebooks import KERNEL_ENV, MARKER_LINE, lesson_paths, part_folders
 
 STUDENT_README = """\
 # Exercises: {parts}
@@ -45,8 +45,10 @@ These notebooks are lessons of the course. Read each one top to bottom, run ever
 do the exercises at the end: replace each `raise NotImplementedError` with your code and run
 the cell. The `check(...)` line under it tells you at once whether your answer is right.
 
-Set up once, on your machine (Python 3.10 or newer):
+Set up once, on your machine (Python 3.10 or newer). Upgrade pip first: an old pip (23.x)
+fails on the second line.
 
+    python -m pip install --upgrade pip
     python -m pip install "course[lab] @ {git_url}"
     jupyter lab
 
@@ -70,9 +72,8 @@ PEEK = 300                        # longest status text
 
 # ---- handing out ----
 
-def _part_dirs(parts):
-    root = repo_root()
-    folders = sorted(p for p in (root / "notebooks").iterdir() if p.is_dir())
+def _part_dirs(parts, root=None):
+    folders = part_folders(root, "notebooks")
     chosen = []
     for part in parts:
         match = [f for f in folders if f.name == part or f.name.split("-", 1)[0] == str(part)]
@@ -83,14 +84,16 @@ def _part_dirs(parts):
     return chosen
 
 
-def assign(parts, out):
-    """Copy the lesson notebooks of `parts` (never the solutions) into `out`, with a README."""
+def assign(parts, out, root=None):
+    """Copy the lesson notebooks of `parts` (never the solutions) into `out`, with a README.
+    The files are copied byte for byte: cell tags (nbval's among them) stay as they are."""
     from . import _repo
 
     out = Path(out)
     listing = []
-    for folder in _part_dirs(parts):
-        for nb in sorted(folder.glob("*.ipynb")):
+    lessons = lesson_paths(root, "notebooks")
+    for folder in _part_dirs(parts, root):
+        for nb in (p for p in lessons if p.parent == folder):
             dest = out / folder.name / nb.name
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(nb, dest)
@@ -101,8 +104,9 @@ def assign(parts, out):
     return out
 
 
-def lesson_notebooks():
-    return [p for p in all_notebooks() if p.parts[-3] == "notebooks"]
+def lesson_notebooks(root=None):
+    """The handed-out lessons a submission may answer."""
+    return lesson_paths(root, "notebooks")
 
 
 # ---- what a lesson asks for ----
@@ -186,16 +190,22 @@ def _without_comments(source):
         return source
 
 
+def _unmarked(source):
+    """A cell's code without nbval marker comments: a lesson handed out before they became cell
+    tags still has them, and that is no change by the learner."""
+    return "\n".join(line for line in source.split("\n") if not MARKER_LINE.match(line)).strip()
+
+
 def review_notes(nb, lesson):
     """Why an instructor might look at a submission by hand: cells the lesson does not have that
     touch the machinery around the exercises, or that change an attribute of an imported module."""
-    own = {c.source.strip() for c in _code_cells(lesson)}
+    own = {_unmarked(c.source) for c in _code_cells(lesson)}
     trees = [_parse(c.source) for c in _code_cells(nb)]
     modules = {a.asname or a.name.split(".")[0] for tree in trees for node in _walk(tree)
                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
     notes = []
     for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
-        if cell.source.strip() in own:
+        if _unmarked(cell.source) in own:
             continue
         source = _without_comments(cell.source).replace("from course . exercises import check", "")
         hits = [what for pattern, what in SUSPECT if pattern.search(source)]

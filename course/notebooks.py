@@ -1,6 +1,8 @@
 """Tools for the notebooks themselves: build, re-execute, list, and point at a fork.
 
     python -m course notebooks [PATHS...]   re-execute notebooks in place, top to bottom, fresh kernel
+    python -m course notebooks --tags-only [PATHS...]
+                                            only turn `# NBVAL_...` comment lines into cell tags
     python -m course colab owner/name       rewrite badges and install cells for a fork
     python -m course syllabus               rewrite the syllabus table in README.md
 """
@@ -31,6 +33,19 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE = "[![Open In Colab](" + BADGE_IMAGE + ")]({url})"
 BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(https://colab\.research\.google\.com/github/[^)]*\)")
 
+# nbval reads its markers from a comment line in a cell or from the cell's tags. The course keeps
+# them in tags, which a learner never sees in a lesson; authors may still start a cell with the
+# comment, and building or re-executing a notebook turns it into the tag (nbval's own tag names).
+MARKER_TAGS = {
+    "NBVAL_IGNORE_OUTPUT": "nbval-ignore-output",
+    "NBVAL_CHECK_OUTPUT": "nbval-check-output",
+    "NBVAL_SKIP": "nbval-skip",
+    "NBVAL_RAISES_EXCEPTION": "nbval-raises-exception",
+    "PYTEST_VALIDATE_IGNORE_OUTPUT": "nbval-ignore-output",
+}
+# A line that is only a comment naming a marker, as nbval finds them (`#NBVAL_SKIP` counts too).
+MARKER_LINE = re.compile(r"^[ \t]*#[ \t]*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)[ \t]*$")
+
 # Variables that make runs repeatable and quiet in every kernel started from here.
 KERNEL_ENV = {"PYTHONHASHSEED": "0", "COURSE_QUIET": "1", "TQDM_DISABLE": "1"}
 
@@ -42,12 +57,35 @@ def repo_root():
     return ROOT
 
 
-def all_notebooks(root=None):
-    root = Path(root or repo_root())
+def notebooks_under(folder):
+    """Every notebook under `folder`, sorted, leaving out hidden folders and files: JupyterLab
+    saves a copy of each notebook it opens in `.ipynb_checkpoints/`, and those are no lessons."""
+    folder = Path(folder)
     found = []
-    for d in NOTEBOOK_DIRS:
-        found += [p for p in (root / d).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts]
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(top) / f for f in files if f.endswith(".ipynb") and not f.startswith(".")]
     return sorted(found)
+
+
+def lesson_paths(root=None, kind="notebooks"):
+    """The course's notebooks: the lessons (`kind="notebooks"`) or the worked solutions
+    (`kind="solutions"`), sorted, without JupyterLab's checkpoint copies. Everything that lists
+    notebooks (tests, `make notebooks`, assign, grade, the syllabus) goes through here."""
+    if kind not in NOTEBOOK_DIRS:
+        raise ValueError(f"kind is one of {', '.join(map(repr, NOTEBOOK_DIRS))}, not {kind!r}")
+    root = Path(root) if root is not None else repo_root()
+    return notebooks_under(root / kind)
+
+
+def part_folders(root=None, kind="notebooks"):
+    """The part folders (`notebooks/1-micrograd`, ...) that hold at least one notebook."""
+    return sorted({p.parent for p in lesson_paths(root, kind)})
+
+
+def all_notebooks(root=None):
+    """Lessons and solutions together, sorted."""
+    return sorted(p for kind in NOTEBOOK_DIRS for p in lesson_paths(root, kind))
 
 
 def install_source(repo=None):
@@ -58,11 +96,47 @@ def badge(relpath, repo=None):
     return BADGE.format(url=_repo.colab_url(relpath, repo=repo or _repo.REPO))
 
 
+def markers_to_tags(nb, where="the notebook"):
+    """Move every nbval marker comment of the code cells of `nb` into the cell's tags, in place.
+
+    Only the marker lines go, and only the tags they name are added (after any tags already
+    there): running it twice changes nothing the second time. Returns how many cells changed."""
+    changed = 0
+    for n, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
+        lines = cell.source.split("\n")
+        markers = [m.group(1) for m in map(MARKER_LINE.match, lines) if m]
+        if not markers:
+            continue
+        unknown = [m for m in markers if m not in MARKER_TAGS]
+        if unknown:
+            raise ValueError(f"code cell {n} of {where} has the marker {unknown[0]}, which nbval does not "
+                             f"know: the markers are {', '.join(sorted(MARKER_TAGS))}")
+        tags = list(cell.metadata.get("tags", []))
+        tags += [t for t in dict.fromkeys(MARKER_TAGS[m] for m in markers) if t not in tags]
+        cell.metadata["tags"] = tags
+        cell.source = "\n".join(line for line in lines if not MARKER_LINE.match(line))
+        changed += 1
+    return changed
+
+
+def convert_markers(path):
+    """Turn the marker comments of the notebook at `path` into cell tags without running it; the
+    file is rewritten only when something changed. Returns how many cells changed."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    changed = markers_to_tags(nb, where=str(path))
+    if changed:
+        nbformat.write(nb, str(path))
+    return changed
+
+
 def build(path, cells):
     """Write a notebook (not executed) from a list of ("md" | "code", source) pairs.
 
     The Colab badge goes on top of the first markdown cell and the install cell becomes the
-    first code cell, so every notebook starts the same way. Run `make notebooks` afterwards.
+    first code cell, so every notebook starts the same way; a `# NBVAL_...` first line becomes the
+    cell's tag. Run `make notebooks` afterwards.
     """
     import nbformat
 
@@ -93,6 +167,7 @@ def build(path, cells):
     nb.cells = out
     for i, cell in enumerate(nb.cells):  # stable ids: no random churn in the diffs
         cell["id"] = f"cell-{i}"
+    markers_to_tags(nb, where=rel)
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
     return path
@@ -108,6 +183,7 @@ def execute(path, timeout=600):
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"cell-{i}"
         cell.metadata.pop("execution", None)
+    markers_to_tags(nb, where=str(path))
     # Executed as Run All runs it: the first cell that raises stops the notebook (a lesson shows an
     # error with try/except and a printed message, never a raising cell).
     os.environ.update(KERNEL_ENV)
@@ -136,21 +212,40 @@ def _merge_streams(outputs):
     return merged
 
 
-def cmd_notebooks(paths):
+def expand_paths(paths):
+    """The notebooks that paths name: a folder stands for the notebooks under it (never the
+    checkpoint copies in it); no paths stands for every notebook of the course."""
+    if not paths:
+        return all_notebooks()
+    expanded = []
+    for t in map(Path, paths):
+        expanded += notebooks_under(t) if t.is_dir() else [t]
+    return expanded
+
+
+def cmd_notebooks(paths, tags_only=False):
     import time
 
-    targets = [Path(p) for p in paths] or all_notebooks()
-    expanded = []
-    for t in targets:
-        expanded += sorted(t.rglob("*.ipynb")) if t.is_dir() else [t]
+    expanded = expand_paths(paths)
+    if tags_only:
+        changed = {p: convert_markers(p) for p in expanded}
+        for p, n in changed.items():
+            if n:
+                print(f"{n:4d} cells  {_shown(p)}")
+        print(f"nbval markers as cell tags: {sum(changed.values())} cells in "
+              f"{sum(1 for n in changed.values() if n)} of {len(expanded)} notebooks changed")
+        return
     for p in expanded:
         start = time.perf_counter()
         execute(p)
-        try:
-            shown = p.resolve().relative_to(Path.cwd())
-        except ValueError:
-            shown = p
-        print(f"{time.perf_counter() - start:6.1f} s  {shown}")
+        print(f"{time.perf_counter() - start:6.1f} s  {_shown(p)}")
+
+
+def _shown(path):
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def set_repo(repo):
@@ -208,13 +303,12 @@ PART_NAMES = {
 
 
 def syllabus_table(root=None):
-    root = Path(root or repo_root())
+    root = Path(root) if root is not None else repo_root()
     rows = ["| part | lesson | open | solutions |", "|---|---|---|---|"]
-    for part_dir in sorted((root / "notebooks").iterdir()):
-        if not part_dir.is_dir():
-            continue
+    lessons = lesson_paths(root, "notebooks")
+    for part_dir in part_folders(root, "notebooks"):
         part = PART_NAMES.get(part_dir.name, part_dir.name)
-        for nb in sorted(part_dir.glob("*.ipynb")):
+        for nb in (p for p in lessons if p.parent == part_dir):
             rel = nb.relative_to(root).as_posix()
             sol = root / "solutions" / part_dir.name / nb.name
             sol_link = f"[solutions](solutions/{part_dir.name}/{nb.name})" if sol.exists() else ""

@@ -8,10 +8,11 @@ import pytest
 
 from course.exercises import registered_ids
 from course.grading import exercise_ids
+from course.notebooks import lesson_paths
 
 pytestmark = pytest.mark.foundation
 ROOT = Path(__file__).resolve().parent.parent
-LESSONS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+LESSONS = lesson_paths(ROOT, "notebooks")
 
 
 def _outputs(path):

@@ -27,6 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course.notebooks import lesson_paths, part_folders
+
 pytestmark = [pytest.mark.foundation, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,12 +40,8 @@ RUN_ALL_TIMEOUT_S = 240  # per lesson; each runs in well under a minute on two c
 
 def first_lessons():
     """The first lesson of every part folder: notebooks/1-micrograd/1.1-..., notebooks/2-.../2.1-..., ..."""
-    lessons = []
-    for part in sorted(p for p in (ROOT / "notebooks").iterdir() if p.is_dir()):
-        found = sorted(part.glob("*.ipynb"))
-        if found:
-            lessons.append(found[0])
-    return lessons
+    lessons = lesson_paths(ROOT, "notebooks")
+    return [[p for p in lessons if p.parent == part][0] for part in part_folders(ROOT, "notebooks")]
 
 
 def find_chromium():

@@ -20,8 +20,12 @@ PART1 = ROOT / "notebooks" / "1-micrograd"
 SANDBOXED = grading.sandbox_problem() is None
 
 
+def _part1_lessons():
+    return [p for p in notebooks.lesson_paths(ROOT, "notebooks") if p.parent == PART1]
+
+
 def _first_lesson():
-    lessons = sorted(PART1.glob("*.ipynb"))
+    lessons = _part1_lessons()
     if not lessons:
         pytest.fail("part 1 has no lessons")
     return lessons[0]
@@ -30,7 +34,7 @@ def _first_lesson():
 def test_assign_writes_lessons_and_a_readme_but_no_solutions(tmp_path):
     grading.assign(["1"], tmp_path)
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.ipynb"))
-    expected = sorted(f"1-micrograd/{p.name}" for p in PART1.glob("*.ipynb"))
+    expected = sorted(f"1-micrograd/{p.name}" for p in _part1_lessons())
     assert written == expected
     readme = (tmp_path / "README.md").read_text()
     assert "NotImplementedError" in readme and "1-micrograd/" in readme
@@ -159,9 +163,10 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     paths.append(submit("victim", solution.read_bytes()))
     # The first worked lesson of every other part: the grader's fresh copy of the checks works for all.
     others = {}
-    for folder in sorted((ROOT / "solutions").iterdir()):
-        if folder.is_dir() and folder.name != lesson.parent.name and list(folder.glob("*.ipynb")):
-            first = sorted(folder.glob("*.ipynb"))[0]
+    solutions = notebooks.lesson_paths(ROOT, "solutions")
+    for folder in notebooks.part_folders(ROOT, "solutions"):
+        if folder.name != lesson.parent.name:
+            first = [p for p in solutions if p.parent == folder][0]
             others[f"solution-{folder.name}"] = grading.exercise_ids(first)
             paths.append(submit(f"solution-{folder.name}", first.read_bytes(), name=first.name))
     before = {p: p.read_bytes() for p in paths}
@@ -252,7 +257,7 @@ def test_only_a_signed_report_with_the_lessons_ids_counts():
     assert report == {"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}
 
 
-@pytest.mark.parametrize("lesson", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("lesson", notebooks.lesson_paths(ROOT, "notebooks"), ids=lambda p: p.stem)
 def test_worked_solutions_need_no_second_look(lesson):
     solution = ROOT / "solutions" / lesson.parent.name / lesson.name
     nbs = [nbformat.read(str(p), as_version=4) for p in (solution, lesson)]

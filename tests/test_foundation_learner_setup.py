@@ -35,9 +35,12 @@ def test_every_documented_target_has_a_recipe_and_a_readme_line():
 
 
 def test_make_lab_opens_the_top_of_the_course():
-    lines = [line for line in _dry_run("lab").splitlines() if "jupyter lab" in line]
-    assert lines, "make lab does not start JupyterLab"
-    assert "--ServerApp.root_dir=." in lines[-1] and " notebooks" not in lines[-1]
+    lines = [line for line in _dry_run("lab").splitlines() if "-m course lab" in line]
+    assert lines, "make lab does not start JupyterLab through `python -m course lab`"
+    from course import lab
+
+    command = lab.command(ROOT)
+    assert command[1:3] == ["-m", "jupyterlab"] and f"--ServerApp.root_dir={ROOT}" in command
     assert (ROOT / "notebooks").is_dir() and (ROOT / "solutions").is_dir()
 
 
