@@ -5,7 +5,6 @@ assigning and grading keep the tags."""
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -16,7 +15,6 @@ from course import grading, notebooks
 pytestmark = pytest.mark.foundation
 ROOT = Path(__file__).resolve().parent.parent
 ANY_MARKER = re.compile(r"^[ \t]*#[ \t]*(?:NBVAL_|PYTEST_VALIDATE_)\w*", re.M)
-CONVERSION = "Notebooks: nbval markers as cell tags"
 
 
 @pytest.mark.parametrize("path", notebooks.all_notebooks(ROOT), ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -26,32 +24,6 @@ def test_no_code_cell_shows_an_nbval_comment(path):
         found = ANY_MARKER.search(cell.source)
         assert not found, (f"code cell {i} shows the test marker {found.group(0).strip()!r}: run "
                            f"`python -m course notebooks --tags-only {path.relative_to(ROOT).as_posix()}`")
-
-
-def _git(*args):
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-
-
-def test_the_conversion_only_moved_markers_into_tags():
-    """Every commit that converted the notebooks did exactly what --tags-only does: each marked cell
-    of the notebook before has its tag after, and nothing else changed."""
-    if shutil.which("git") is None or _git("rev-parse", "--git-dir").returncode != 0:
-        pytest.skip("not a git checkout: the conversion commit cannot be read")
-    commits = _git("log", "--no-merges", "--format=%H", "--fixed-strings", f"--grep={CONVERSION}").stdout.split()
-    if not commits:
-        pytest.skip(f"no commit {CONVERSION!r} in this checkout's history (a shallow or squashed clone)")
-    for commit in commits:
-        if _git("rev-parse", "--verify", "--quiet", f"{commit}^").returncode != 0:
-            pytest.skip(f"the commit before {commit[:10]} is not in this (shallow) clone")
-        changed = _git("diff", "--name-only", f"{commit}^", commit).stdout.split()
-        assert changed, f"{commit[:10]} changes nothing"
-        for name in changed:
-            assert name.endswith(".ipynb"), f"{commit[:10]} changes {name}, which is no notebook"
-            before = nbformat.reads(_git("show", f"{commit}^:{name}").stdout, as_version=4)
-            after = nbformat.reads(_git("show", f"{commit}:{name}").stdout, as_version=4)
-            marked = sum(bool(ANY_MARKER.search(c.source)) for c in before.cells if c.cell_type == "code")
-            assert notebooks.markers_to_tags(before) == marked > 0
-            assert before == after, f"{commit[:10]} changes {name} in more than its markers and tags"
 
 
 def _cell(source, **metadata):
