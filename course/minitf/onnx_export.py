@@ -6,9 +6,11 @@ a few: `square` is Mul(x, x)) that writes a value named after the minitf node, s
 their names. A fused node is written as the steps it runs.
 
 Two things ONNX says and minitf leaves to the arrays fed: the element type of every value, and
-that both sides of an Add have the same one. The file gets one float type (`dtype`, by default
-float32 when the graph's float arrays all are, else float64); constants are converted to it,
-except integer indices (of a gather) and boolean conditions (of a where).
+that both sides of an Add have the same one. The file gets one float type (`dtype`; by default
+float32 when the graph's float arrays with axes all are, else float64); constants are converted to
+it, except integer indices (of a gather) and boolean conditions (of a where). So a float32 model
+with a Python number in it (`h * 2.0`, which NumPy computes in float64 in a Session) runs in
+float32 in the file: the same results up to float32 rounding.
 """
 
 from pathlib import Path
@@ -87,7 +89,11 @@ def _float_type(nodes, dtype):
         if dtype.kind != "f":
             raise ValueError(f"to_onnx: dtype is the file's float type (float32, float64), got {dtype}")
         return dtype
-    floats = {np.asarray(n.value).dtype for n in nodes if n.value is not None and np.asarray(n.value).dtype.kind == "f"}
+    # The arrays with axes vote (weights, tables); a Python number in the graph (`x * 2.0`) is a
+    # float64 scalar that would otherwise turn every float32 model into a float64 file.
+    arrays = [np.asarray(n.value) for n in nodes if n.value is not None]
+    voters = [a for a in arrays if a.ndim > 0] or arrays
+    floats = {a.dtype for a in voters if a.dtype.kind == "f"}
     floats |= {np.dtype(n.attrs["dtype"]) for n in nodes if n.op == "placeholder" and n.attrs.get("dtype")
                and np.dtype(n.attrs["dtype"]).kind == "f"}
     return np.dtype(np.float32) if floats == {np.dtype(np.float32)} else np.dtype(np.float64)
