@@ -354,6 +354,23 @@ def test_the_shipped_pytorch_model_gives_pytorchs_outputs():
     np.testing.assert_allclose(tf.InferenceSession(path).run("y", {"x": x}), got, rtol=1e-6, atol=1e-7)
 
 
+def test_serving_an_onnx_file_loads_no_training_module(tmp_path):
+    import subprocess
+    import sys
+
+    from course.data import onnx_example
+
+    path, x, _ = onnx_example()
+    code = ("import sys, numpy as np\n"
+            "from course.minitf.runtime import InferenceSession\n"
+            f"InferenceSession({str(path)!r}).run('y', {{'x': np.zeros((2, 8, 16), np.float32)}})\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('course.minitf'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "course.minitf.onnx_import" in loaded
+    for training in ("autodiff", "train", "session", "compiler", "onnx_export"):
+        assert f"course.minitf.{training}" not in loaded, training
+
+
 # ---------------------------------------------------------------- errors
 
 def test_an_unsupported_operator_names_the_node_its_type_and_the_opset(tmp_path):

@@ -305,7 +305,7 @@ def _softmax(r, node, ins, attrs):
     return [r.add("softmax", [x], {"axis": axis}, name=r.out(node), onnx_node=node)]
 
 
-def _reduce(op, axes_input_from):
+def _reduce(op):
     def rule(r, node, ins, attrs):
         # axes: an attribute up to opset 12 (ReduceSum) or 17 (ReduceMean), an input from then on
         axes = r.ints(node, ins, attrs, 1, "axes", "the axes to reduce")
@@ -451,7 +451,7 @@ CONVERTERS = {
     "Log": _simple("log"), "Relu": _simple("relu"), "Tanh": _simple("tanh"), "Sigmoid": _simple("sigmoid"),
     "Erf": _simple("erf"), "Gelu": _gelu, "Softmax": _softmax,
     "MatMul": _matmul, "Gemm": _gemm,
-    "ReduceMean": _reduce("reduce_mean", axes_input_from=18), "ReduceSum": _reduce("reduce_sum", axes_input_from=13),
+    "ReduceMean": _reduce("reduce_mean"), "ReduceSum": _reduce("reduce_sum"),
     "LayerNormalization": _layer_norm,
     "Transpose": _transpose, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
