@@ -136,6 +136,9 @@ OP_CASES = {
     "Cast_double": ("Cast", {"a": A23}, {}, {"to": TensorProto.DOUBLE}, 20, [A23.astype(np.float64)]),
     "Where": ("Where", {"c": MASK, "a": A23, "b": B3}, {}, {}, 20, [np.where(MASK, A23, B3)]),
     "Shape": ("Shape", {"a": X234}, {}, {}, 20, [I64(2, 3, 4)]),
+    "Equal": ("Equal", {"a": np.round(A23)}, {"zero": np.float32(0)}, {}, 20, [np.round(A23) == 0]),
+    "Greater": ("Greater", {"a": A23, "b": B3}, {}, {}, 20, [A23 > B3]),
+    "Less": ("Less", {"a": A23, "b": B3}, {}, {}, 20, [A23 < B3]),
 }
 SPLITS = {
     "Split": ("Split", {"a": X234}, {"split": I64(1, 3)}, {"axis": 2}, 13, [X234[..., :1], X234[..., 1:]]),
@@ -278,8 +281,8 @@ def block_graph(dtype=np.float32):
             heads.append(tf.transpose(tf.reshape(part, (B, T, H, C // H)), [0, 2, 1, 3]))
         q, kk, v = heads
         att = q @ tf.transpose(kk, [0, 1, 3, 2]) * (1.0 / math.sqrt(C // H))
-        causal = np.tril(np.ones((T, T), bool))
-        att = tf.softmax(tf.where(tf.constant(causal), att, tf.constant(np.asarray(-1e9, dtype))), name="att")
+        causal = tf.equal(tf.constant(np.tril(np.ones((T, T), dtype))), 1.0)
+        att = tf.softmax(tf.where(causal, att, tf.constant(np.asarray(-1e9, dtype))), name="att")
         y = tf.reshape(tf.transpose(att @ v, [0, 2, 1, 3]), (B, T, C))
         x = x + y @ tf.constant(p(C, C), name="c_proj")
         m = tf.gelu(tf.layer_norm(x, tf.constant(1 + p(C)), tf.constant(p(C)), name="ln_2") @ tf.constant(p(C, 4 * C)))
@@ -574,3 +577,41 @@ def test_models_exported_by_pytorch_run_as_onnxruntime_runs_them(tmp_path, which
     again = tf.to_onnx(optimized, ["y"], tmp_path / "again.onnx")
     np.testing.assert_allclose(ort.InferenceSession(str(again)).run(None, {"x": x.numpy()})[0], want,
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.reference
+def test_pytorch_exports_with_a_dynamic_batch(tmp_path):
+    # The TorchScript exporter writes x.view(B, T, ...) as Shape -> Gather -> Concat -> Reshape: refused,
+    # naming the input, until its size is given. torch.export writes the open batch as a -1 in the
+    # target shape: that file runs at any batch size.
+    torch = pytest.importorskip("torch", reason=TORCH_REASON)
+    ort = pytest.importorskip("onnxruntime", reason=ORT_REASON)
+    models = _torch_models(torch)
+    block, shape = models["block"]
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    path = tmp_path / "block.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(block, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False,
+                          opset_version=17, dynamic_axes={"x": {0: "batch"}})
+    with pytest.raises(ValueError, match=r"dynamic shapes.*\(Shape, opset 17\).*the input 'x' \(shape \('batch', 8, 16\)\)"):
+        tf.from_onnx(path)
+    graph, inputs, outputs = tf.from_onnx(path, input_shapes={"x": tuple(shape)})
+    want = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(tf.Session(graph).run(outputs[0], {inputs[0]: x.numpy()}), want, rtol=1e-5, atol=1e-5)
+
+    pytest.importorskip("onnxscript", reason="PyTorch's torch.export-based ONNX exporter needs onnxscript")
+    for which in ("block", "mlp"):
+        model, shape = models[which]
+        path = tmp_path / f"{which}_dynamo.onnx"
+        batch = torch.export.Dim("batch")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (torch.randn(*shape),), str(path), input_names=["x"], output_names=["y"],
+                              dynamo=True, dynamic_shapes=({0: batch},))
+        server = tf.InferenceSession(path)
+        assert server.input_shapes["x"][0] is None
+        for n in (1, 5):
+            xb = np.random.default_rng(n).normal(size=(n,) + tuple(shape[1:])).astype(np.float32)
+            want = ort.InferenceSession(str(path)).run(None, {"x": xb})[0]
+            np.testing.assert_allclose(server.run("y", {"x": xb}), want, rtol=1e-5, atol=1e-5)

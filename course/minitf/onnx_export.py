@@ -26,7 +26,8 @@ IR_VERSION = 9  # the file format version that goes with opset 20 (older runtime
 _SAME_NAME = {
     "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "neg": "Neg", "exp": "Exp",
     "log": "Log", "sigmoid": "Sigmoid", "relu": "Relu", "tanh": "Tanh", "sqrt": "Sqrt", "erf": "Erf",
-    "identity": "Identity", "matmul": "MatMul", "where": "Where",
+    "identity": "Identity", "matmul": "MatMul", "where": "Where", "equal": "Equal", "greater": "Greater",
+    "less": "Less",
 }
 _GRADIENT_HELPERS = {"unbroadcast", "broadcast_like", "unslice", "scatter_add"}
 
@@ -173,6 +174,8 @@ class _Writer:
             return in_types[1]
         if op in ("step", "ones_like", "zeros_like"):
             return self.float_type
+        if op in ("equal", "greater", "less"):
+            return np.dtype(bool)
         return in_types[0] if in_types else self.float_type
 
     def write_fused(self, node, names):

@@ -457,6 +457,7 @@ CONVERTERS = {
     "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
     "Constant": _constant, "Identity": _simple("identity"), "Cast": _cast, "Where": _simple("where"),
     "Shape": _shape, "Dropout": _dropout,
+    "Equal": _simple("equal"), "Greater": _simple("greater"), "Less": _simple("less"),
 }
 
 

@@ -819,3 +819,25 @@ def identity(x, name=None):
 
 
 register("identity", lambda x: x, _same, lambda node, g, needs: [g])
+
+
+def equal(a, b, name=None):
+    """True where a == b (a mask, as in `mask == 0`); comparisons have no gradient."""
+    return _make("equal", [a, b], name=name)
+
+
+def greater(a, b, name=None):
+    return _make("greater", [a, b], name=name)
+
+
+def less(a, b, name=None):
+    return _make("less", [a, b], name=name)
+
+
+def _no_grad(node, g, needs):
+    return [None] * len(node.inputs)
+
+
+register("equal", np.equal, _binary_shape("equal"), _no_grad)
+register("greater", np.greater, _binary_shape("greater"), _no_grad)
+register("less", np.less, _binary_shape("less"), _no_grad)
