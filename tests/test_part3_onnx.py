@@ -357,6 +357,33 @@ def test_the_shipped_pytorch_model_gives_pytorchs_outputs():
     np.testing.assert_allclose(tf.InferenceSession(path).run("y", {"x": x}), got, rtol=1e-6, atol=1e-7)
 
 
+def test_gradients_flow_through_the_imported_block(rng):
+    # An imported graph is an ordinary graph: tf.gradients differentiates it (in float64 here, for
+    # finite differences), through layer_norm, slice, reshape, transpose, where, softmax and gelu.
+    from course.data import onnx_example
+
+    path, x, _ = onnx_example()
+    graph, inputs, outputs = tf.from_onnx(path)
+    for node in graph.nodes:
+        if node.op == "constant" and node.value.dtype == np.float32:
+            node.value = node.value.astype(np.float64)
+    weights = rng.normal(size=(2, 8, 16))
+    with graph.as_default():
+        loss = tf.reduce_sum(tf.square(outputs[0]) * weights)
+        dx = tf.gradients(loss, inputs[0])
+    sess = tf.Session(graph)
+    x = x.astype(np.float64)
+    got = sess.run(dx, {inputs[0]: x})
+    assert got.shape == x.shape and np.abs(got).max() > 0.1
+    for _ in range(8):
+        i = tuple(int(rng.integers(0, n)) for n in x.shape)
+        up, down = x.copy(), x.copy()
+        up[i] += 1e-6
+        down[i] -= 1e-6
+        numeric = (sess.run(loss, {inputs[0]: up}) - sess.run(loss, {inputs[0]: down})) / 2e-6
+        assert np.isclose(got[i], numeric, rtol=1e-5, atol=1e-6), (i, got[i], numeric)
+
+
 def test_serving_an_onnx_file_loads_no_training_module(tmp_path):
     import subprocess
     import sys
