@@ -51,3 +51,14 @@ def load_digits():
 def load_shakespeare():
     """Eight plays by Shakespeare as one ASCII string (about a million characters)."""
     return (HERE / "shakespeare.txt").read_text(encoding="ascii")
+
+
+def onnx_example():
+    """The model lesson 3.4 imports: minGPT's pre-LayerNorm transformer block (16 wide, 2 heads,
+    8 positions), exported by PyTorch to ONNX by scripts/export_onnx_examples.py.
+
+    Returns (path of pre_ln_block.onnx, an input x of shape (2, 8, 16), PyTorch's output y for it),
+    x and y in float32.
+    """
+    with np.load(HERE / "pre_ln_block.npz") as arrays:
+        return HERE / "pre_ln_block.onnx", arrays["x"], arrays["y"]

@@ -19,6 +19,8 @@ Modules, in the order of the lessons:
     train.py        GradientDescentOptimizer(lr).minimize(loss)                (3.2)
     shapes.py       the shape rules; compiler.py the passes                    (3.3)
     serialize.py    save(graph, path), load(path); runtime.py InferenceSession (3.3)
+    onnx_import.py  from_onnx(path): an ONNX file as a Graph (and as the runtime's nodes)  (3.4)
+    onnx_export.py  to_onnx(graph, outputs, path): a graph as an ONNX file              (3.4)
 
 `tf.Graph`, `tf.Session`, ... are looked up in their module on first use (PEP 562's module
 `__getattr__`), not all imported here. That keeps the inference runtime honest: a server that
@@ -33,7 +35,9 @@ _WHERE = {
     "graph": ["Graph", "Node", "get_default_graph", "reset_default_graph", "topological_order"],
     "ops": ["placeholder", "Variable", "constant", "add", "subtract", "multiply", "divide", "pow",
             "negative", "matmul", "transpose", "exp", "log", "sigmoid", "relu", "tanh", "softmax",
-            "square", "reduce_sum", "reduce_mean"],
+            "square", "reduce_sum", "reduce_mean", "sqrt", "erf", "gelu", "layer_norm", "reshape",
+            "expand_dims", "squeeze", "concat", "slice_along", "gather", "cast", "where", "identity",
+            "equal", "greater", "less"],
     "session": ["Session"],
     "autodiff": ["gradients"],
     "train": ["GradientDescentOptimizer"],
@@ -41,9 +45,12 @@ _WHERE = {
                  "eliminate_dead_code", "fuse_elementwise", "optimize"],
     "serialize": ["save", "load"],
     "runtime": ["InferenceSession"],
+    "onnx_import": ["from_onnx"],
+    "onnx_export": ["to_onnx"],
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
-_SUBMODULES = {"graph", "ops", "session", "autodiff", "train", "shapes", "compiler", "serialize", "runtime"}
+_SUBMODULES = {"graph", "ops", "session", "autodiff", "train", "shapes", "compiler", "serialize", "runtime",
+               "onnx_import", "onnx_export"}
 
 __all__ = [name for names in _WHERE.values() for name in names] + ["compiler"]
 

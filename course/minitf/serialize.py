@@ -110,6 +110,11 @@ def attrs_from_json(op, attrs):
 def load(path):
     """The graph saved in the folder `path`, with the same node names (and Variables with their values)."""
     spec, arrays = read(path)
+    return build(spec, arrays)
+
+
+def build(spec, arrays):
+    """A Graph from the structure `read` returns (an ONNX file read by onnx_import gives the same)."""
     graph = Graph()
     by_name = {}
     for entry in spec["nodes"]:

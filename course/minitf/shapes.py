@@ -34,16 +34,27 @@ def broadcast(a, b, op="add"):
 
 
 def matmul(a, b):
-    """(n, k) @ (k, m) -> (n, m); a ValueError with both shapes when the inner sizes differ."""
+    """(n, k) @ (k, m) -> (n, m); stacks of matrices broadcast over their leading axes, as in NumPy:
+    (B, n, k) @ (k, m) -> (B, n, m). A ValueError with both shapes when the inner sizes differ."""
     for s in (a, b):
-        if s is not None and len(s) != 2:
-            raise ValueError(f"matmul takes 2-D matrices, got shapes {show(a)} and {show(b)}")
+        if s is not None and len(s) < 2:
+            raise ValueError(f"matmul takes matrices (2 axes or more), got shapes {show(a)} and {show(b)}")
     if a is None or b is None:
-        return None if a is None and b is None else ((a[0], None) if b is None else (None, b[1]))
-    if a[1] is not None and b[0] is not None and a[1] != b[0]:
+        if a is None and b is None:
+            return None
+        known = a if b is None else b
+        if len(known) > 2:
+            return None  # the other side might add leading axes
+        return (a[0], None) if b is None else (None, b[1])
+    if a[-1] is not None and b[-2] is not None and a[-1] != b[-2]:
         raise ValueError(f"matmul: shapes {show(a)} and {show(b)} do not fit: "
-                         f"the inner sizes {a[1]} and {b[0]} differ")
-    return (a[0], b[1])
+                         f"the inner sizes {a[-1]} and {b[-2]} differ")
+    try:
+        batch = broadcast(a[:-2], b[:-2], "matmul")
+    except ValueError:
+        raise ValueError(f"matmul: shapes {show(a)} and {show(b)} do not fit: their leading (batch) axes "
+                         f"{show(a[:-2])} and {show(b[:-2])} cannot be broadcast together") from None
+    return batch + (a[-2], b[-1])
 
 
 def normalize_axis(axis, ndim, op="reduce"):
