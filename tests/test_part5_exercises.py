@@ -395,6 +395,94 @@ def rms_norm_backward_by_autograd(x, weight, grad, eps=1e-5):
     return xt.grad, wt.grad
 
 
+def selective_scan_by_private_kernel(u, delta, A, B, C, D, h0):
+    from course.mamba import scan
+    b, l, d = u.shape
+    a = np.exp(delta[..., None] * A)
+    h = np.empty((b, l + 1, d, A.shape[1]))
+    h[:, 0] = h0
+    y = np.empty_like(u)
+    scan._fast_forward_kernel(u, delta, B, C, D, a, y, h)
+    return y, h[:, -1]
+
+
+def finite_differences(f, a, grad, h=1e-6):
+    """d sum(f() * grad) / d a by central differences, with a step relative to each entry (the careful kind)."""
+    out = np.zeros(a.shape)
+    for idx in np.ndindex(*a.shape):
+        old = a[idx]
+        step = h * max(1.0, abs(old))
+        a[idx] = old + step
+        plus = f()
+        a[idx] = old - step
+        minus = f()
+        a[idx] = old
+        out[idx] = ((plus - minus) * grad).sum() / (2 * step)
+    return out
+
+
+def rms_norm_backward_by_finite_differences(x, weight, grad, eps=1e-5):
+    x, weight = np.array(x, dtype=float), np.array(weight, dtype=float)
+
+    def forward():
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+    return finite_differences(forward, x, grad), finite_differences(forward, weight, grad)
+
+
+def rms_norm_backward_by_numerical_gradient(x, weight, grad, eps=1e-5):
+    from course.tensor import numerical_gradient
+
+    def loss(x, weight):
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight * grad).sum()
+
+    arrays = [np.array(x, dtype=float), np.array(weight, dtype=float)]
+    return numerical_gradient(loss, arrays, 0), numerical_gradient(loss, arrays, 1)
+
+
+def causal_conv1d_backward_by_finite_differences(x, weight, grad):
+    x, weight = np.array(x, dtype=float), np.array(weight, dtype=float)
+    return (finite_differences(lambda: causal_conv1d(x, weight, 0.0), x, grad, h=1e-5),
+            finite_differences(lambda: causal_conv1d(x, weight, 0.0), weight, grad, h=1e-5))
+
+
+def count_parameters_plus_half(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + 0.5
+
+
+def count_parameters_rank_floored(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    d, r = expand * d_model, -(-d_model // 16)
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) - n_layer * 2 * d * (
+        r - d_model // 16)
+
+
+def count_parameters_padded_past(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    extra = (vocab_size // 8 + 1) * 8 - (-(-vocab_size // 8) * 8)  # 8 more rows when vocab_size is a multiple
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + extra * d_model
+
+
+def masked_accuracy_per_row(logits, targets, vocab_size):
+    right = logits[..., :vocab_size].argmax(-1) == targets
+    keep = targets != -1
+    return np.mean([right[i][keep[i]].mean() for i in range(len(targets)) if keep[i].any()])
+
+
+def sequence_accuracy_with_padding(logits, targets, vocab_size):
+    right = (logits.argmax(-1) == targets) | (targets == -1)
+    return right.all(axis=-1).mean()
+
+
+def gpt_width_rounded_root(n_params, vocab_size, block_size, n_layer, n_head):
+    a, b = 12 * n_layer, 2 * vocab_size + block_size + 13 * n_layer + 2
+    root = (-b + math.sqrt(b * b + 4 * a * n_params)) / (2 * a)
+    return max(n_head, round(root / n_head) * n_head)
+
+
+def gpt_width_larger_on_tie(n_params, vocab_size, block_size, n_layer, n_head):
+    widths = range(n_head, 4096, n_head)
+    return min(widths, key=lambda C: (abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params), -C))
+
+
 KNOWN_WRONG = {exercise_id: [(wrong, [named])] for exercise_id, _, wrong, named in CASES}
 for exercise_id, wrong, words in [
     ("5.1.4", recurrence_without_d, ["skip term"]),
@@ -421,6 +509,17 @@ for exercise_id, wrong, words in [
     ("5.3.1", rms_norm_backward_eps_ignored, ["ignores the eps"]),
     ("5.4.2", sequence_accuracy_counting_blanks, ["without a target"]),
     ("5.4.2", sequence_accuracy_partial_credit, ["all its answers are right"]),
+    ("5.2.3", selective_scan_by_private_kernel, ["write this yourself", "course.mamba.scan._fast_forward_kernel"]),
+    ("5.3.1", rms_norm_backward_by_finite_differences, ["finite difference", "worked out by hand"]),
+    ("5.3.1", rms_norm_backward_by_numerical_gradient, ["write this yourself", "numerical_gradient"]),
+    ("5.3.2", causal_conv1d_backward_by_finite_differences, ["finite difference", "worked out by hand"]),
+    ("5.3.5", count_parameters_plus_half, ["whole number"]),
+    ("5.3.5", count_parameters_rank_floored, ["rounded up, not down"]),
+    ("5.3.5", count_parameters_padded_past, ["already a multiple of 8"]),
+    ("5.4.1", masked_accuracy_per_row, ["averaged the rows"]),
+    ("5.4.2", sequence_accuracy_with_padding, ["padding id"]),
+    ("5.4.3", gpt_width_rounded_root, ["rounded to a multiple of n_head", "n_params=143,505"]),
+    ("5.4.3", gpt_width_larger_on_tie, ["on a tie"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))
 
@@ -672,3 +771,23 @@ def test_the_backward_references_of_5_3_agree_with_finite_differences():
                 a[idx] = old
                 numeric[idx] = (plus - minus) / 2e-6
             assert np.allclose(ref[i], numeric, rtol=1e-5, atol=1e-8)
+
+
+def test_every_forward_of_the_scan_module_is_refused_in_5_2_3():
+    # a learner finds the private functions with dir(course.mamba.scan): every one that computes the
+    # scan's output is on the forbid list of the exercises that ask for a scan
+    import inspect
+
+    from course.exercises import part5
+    from course.mamba import scan
+    forwards = {f"course.mamba.scan.{name}" for name, obj in vars(scan).items()
+                if "forward" in name and (inspect.isfunction(obj) or hasattr(obj, "py_func"))}
+    assert forwards and forwards <= set(part5._SCANS), forwards - set(part5._SCANS)
+
+
+def test_the_mistakes_of_5_3_5_are_named_apart_before_they_coincide():
+    # vocab_size=8, d_model=16: an untied head and 8 rows of padding too many give the same count;
+    # an earlier case tells them apart, so each gets its own message
+    assert "tied" in check("5.3.5", count_parameters_untied).message
+    assert "already a multiple of 8" in check("5.3.5", count_parameters_padded_past).message
+    assert "rounded up, not down" in check("5.3.5", count_parameters_rank_floored).message

@@ -29,6 +29,19 @@ def _array(got, on, what="result"):
 _RTOL, _ATOL = 1e-5, 1e-6
 
 
+def _whole_number(got, on):
+    """An int (or an integral float) as an int; anything else, 12.5 included, fails."""
+    if isinstance(got, (bool, np.bool_)):
+        raise CheckFailed(f"expected a whole number, got {got!r} on {on}")
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        raise CheckFailed(f"expected a whole number, got {got!r} on {on}") from None
+    if not (np.isfinite(value) and value == int(value)):
+        raise CheckFailed(f"expected a whole number, got {got!r} on {on}: a count has no fractional part")
+    return int(value)
+
+
 def _same(got, expected, rtol=1e-5, atol=1e-7):
     arr = np.asarray(got, dtype=np.float64)
     return arr.shape == np.shape(expected) and np.allclose(arr, expected, rtol=rtol, atol=atol)
@@ -254,9 +267,11 @@ def _scan_inputs(rng, b, l, d_in, n):
     return u, delta, A, rng.normal(size=(b, l, n)), rng.normal(size=(b, l, n)), rng.normal(size=d_in)
 
 
-# the scan and every function of the library that computes one
+# the scan and every function of the library that computes one, private ones included (a learner may
+# find them with dir(); tests/test_part5_exercises.py checks that no forward of course.mamba.scan is missing)
 _SCANS = ["course.mamba.selective_scan", "course.mamba.scan.linear_recurrence", "course.mamba.scan._sequential_forward",
-          "course.mamba.scan._parallel_forward", "course.mamba.scan._fast_forward"]
+          "course.mamba.scan._parallel_forward", "course.mamba.scan._fast_forward",
+          "course.mamba.scan._fast_forward_kernel"]
 
 
 @exercise("5.2.3",
@@ -330,6 +345,27 @@ def _(candidate, rng):
 
 # ---- 5.3 the Mamba block and model ---------------------------------------------------------------
 
+# The backward exercises ask for the derivation: the library's finite differences are refused, and
+# inputs of very different sizes side by side (below) make a learner's own finite differences fail:
+# rounding on the large entries, divided by a small step, swamps the gradient of the small ones.
+_NUMERICAL = ["course.tensor.numerical_gradient", "course.tensor.gradcheck"]
+
+
+_MIXED = "among numbers near 1"  # in the description of the inputs of very different sizes
+
+
+def _expect_gradient(got, expected, on, what):
+    """Within float32's rounding of the largest entry: tiny gradients next to large ones count too."""
+    scale = max(1e-300, float(np.abs(expected).max(initial=0.0)))
+    try:
+        expect_close(got, expected, on=on, rtol=_RTOL, atol=min(_ATOL, _RTOL * scale), what=what)
+    except CheckFailed as failure:
+        if _MIXED not in on:
+            raise
+        raise CheckFailed(f"{failure}. Right on the earlier inputs but not here, where a finite difference loses "
+                          f"the small entries' gradients to the rounding of the large ones: the exercise asks for "
+                          f"the derivative worked out by hand") from None
+
 
 def _ref_rms_backward(x, weight, g, eps=1e-5):
     d = x.shape[-1]
@@ -349,8 +385,8 @@ def _ref_rms_backward(x, weight, g, eps=1e-5):
                " over all the leading axes",
           answer_hint="with r = 1 / sqrt(mean(x**2) + eps) per vector, xhat = x r and gw = grad * weight: dx = r * "
                       "(gw - xhat * mean(gw * xhat)), dweight = the sum of grad * xhat over the leading axes",
-          forbid=["course.mamba.rms_norm", "course.mamba.RMSNorm", "course.tensor.Tensor.backward"],
-          task="write the backward by hand in NumPy")
+          forbid=["course.mamba.rms_norm", "course.mamba.RMSNorm", "course.tensor.Tensor.backward",
+                  *_NUMERICAL], task="write the backward by hand in NumPy")
 def _(candidate, rng):
     cases = [(np.array([[3.0, 4.0]]), np.ones(2), np.array([[1.0, 0.0]]), 1e-5, "x=[[3, 4]], weight 1, grad [[1, 0]]"),
              (np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([1.0, 2.0, 0.5, -1.0]), np.ones((1, 4)), 1e-5,
@@ -361,6 +397,10 @@ def _(candidate, rng):
               "x=[[0.3, -0.4]], weight [1, -2], grad [[1, 2]], eps=0.1")]
     cases += [(rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=8), rng.normal(size=(2, 3, 8)), 1e-5,
                "random x (2, 3, 8), weight (8,) and grad (2, 3, 8)")]
+    mixed, w_mixed, g_mixed = rng.normal(size=(2, 6)), rng.normal(size=6), rng.normal(size=(2, 6))
+    mixed[:, 0], w_mixed[0], g_mixed[:, 0] = [1e5, -3e5], 2.0, [10.0, -10.0]  # one large entry per vector
+    cases += [(mixed, w_mixed, g_mixed, 1e-5, "x (2, 6) with one large entry per row (1e5 and -3e5) among numbers "
+                                              "near 1, weight and grad random but for their first entries (2; 10, -10)")]
     for x, w, g, eps, on in cases:
         got = _pair(call(candidate, x.copy(), w.copy(), g.copy(), eps, on=on), on, "(dx, dweight)")
         dx, dw = _ref_rms_backward(x, w, g, eps)
@@ -370,8 +410,8 @@ def _(candidate, rng):
                               f"the vector, which adds a second term")
         if eps != 1e-5 and _same(got[0], _ref_rms_backward(x, w, g)[0]) and not _same(got[0], dx):
             raise CheckFailed(f"dx ignores the eps it is given on {on}: use the argument, not 1e-5")
-        expect_close(got[0], dx, on=on, rtol=_RTOL, atol=_ATOL, what="dx")
-        expect_close(got[1], dw, on=on, rtol=_RTOL, atol=_ATOL, what="dweight")
+        _expect_gradient(got[0], dx, on, "dx")
+        _expect_gradient(got[1], dw, on, "dweight")
 
 
 def _ref_conv(x, weight, bias):
@@ -404,8 +444,8 @@ def _ref_conv_backward(x, weight, g):
                "of them; a tap's weight gradient sums over batch and time",
           answer_hint="dx[:, s] = sum_j weight[:, j] * grad[:, s + k - 1 - j] (zero past the end); dweight[:, j] = "
                       "the sum over b and t of grad[:, t] * x[:, t - (k - 1) + j] (zero before 0)",
-          forbid=["course.mamba.causal_conv1d", "course.mamba.CausalConv1d", "course.tensor.Tensor.backward"],
-          task="write the backward by hand in NumPy")
+          forbid=["course.mamba.causal_conv1d", "course.mamba.CausalConv1d", "course.tensor.Tensor.backward",
+                  *_NUMERICAL], task="write the backward by hand in NumPy")
 def _(candidate, rng):
     ramp = np.arange(1.0, 6.0).reshape(1, 5, 1)
     impulse = np.zeros((1, 5, 1))
@@ -416,6 +456,10 @@ def _(candidate, rng):
               "x=[1, 2, 3, 4, 5], weight [[1, 2, 3]], grad of ones")]
     cases += [(rng.normal(size=(2, 7, 3)), rng.normal(size=(3, 4)), rng.normal(size=(2, 7, 3)),
                "random x (2, 7, 3), weight (3, 4), grad (2, 7, 3)")]
+    big = rng.normal(size=(1, 6, 2))
+    big[0, 2, 0] = 1e12  # a large input next to small ones
+    cases += [(big, rng.normal(size=(2, 3)), rng.normal(size=(1, 6, 2)),
+               "x (1, 6, 2) holding 1e12 at [0, 2, 0] among numbers near 1, random weight (2, 3) and grad")]
     for x, w, g, on in cases:
         got = _pair(call(candidate, x.copy(), w.copy(), g.copy(), on=on), on, "(dx, dweight)")
         dx, dw = _ref_conv_backward(x, w, g)
@@ -423,10 +467,10 @@ def _(candidate, rng):
         if _same(got[0], forward_in_time) and not _same(got[0], dx):
             raise CheckFailed(f"dx runs the convolution forward in time on {on}: the gradient flows backward, "
                               f"x_s reaches the outputs s to s + k - 1")
-        expect_close(got[0], dx, on=on, rtol=_RTOL, atol=_ATOL, what="dx")
+        _expect_gradient(got[0], dx, on, "dx")
         if _same(got[1], dw[:, ::-1]) and not _same(got[1], dw):
             raise CheckFailed(f"dweight has its taps reversed on {on}: tap j multiplies x[t - (k - 1) + j]")
-        expect_close(got[1], dw, on=on, rtol=_RTOL, atol=_ATOL, what="dweight")
+        _expect_gradient(got[1], dw, on, "dweight")
 
 
 @exercise("5.3.3",
@@ -481,12 +525,22 @@ def _(candidate, rng):
         expect_close(got[2], C, on=on, rtol=_RTOL, atol=_ATOL, what="C")
 
 
-def _ref_mamba_count(d_model, n_layer, vocab_size, d_state, expand, d_conv, tied=True, pad=True):
+def _ref_mamba_count(d_model, n_layer, vocab_size, d_state, expand, d_conv, tied=True, pad="up", rank="ceil"):
     E, d, n, k = d_model, expand * d_model, d_state, d_conv
-    r = -(-d_model // 16)
+    r = -(-d_model // 16) if rank == "ceil" else d_model // 16
     layer = E + 2 * d * E + d * k + d + d * (r + 2 * n) + r * d + d + d * n + d + d * E
-    V = -(-vocab_size // 8) * 8 if pad else vocab_size
+    V = {"up": -(-vocab_size // 8) * 8, "none": vocab_size, "past": (vocab_size // 8 + 1) * 8}[pad]
     return n_layer * layer + V * E * (1 if tied else 2) + E
+
+
+# The classic mistakes of 5.3.5, each with what to fix. Where one count matches several, all are named.
+_COUNT_MISTAKES = [
+    (dict(tied=False), "you counted lm_head on its own: it is the embedding table itself (tied)"),
+    (dict(pad="none"), "the embedding has padded_vocab_size rows (vocab_size rounded up to a multiple of 8)"),
+    (dict(pad="past"), "a vocab_size that is already a multiple of 8 needs no padding: round up only to the next "
+                       "multiple, which may be vocab_size itself"),
+    (dict(rank="floor"), "dt_rank='auto' is d_model / 16 rounded up, not down"),
+]
 
 
 @exercise("5.3.5",
@@ -496,22 +550,20 @@ def _ref_mamba_count(d_model, n_layer, vocab_size, d_state, expand, d_conv, tied
                       "d, out_proj dE (d = expand E, r = ceil(E / 16)); plus padded_vocab E and norm_f E",
           forbid=["course.mamba.Mamba", "course.mamba.MambaConfig"], task="count them with a formula")
 def _(candidate, rng):
-    cases = [(64, 2, 65, 16, 2, 4), (16, 1, 8, 4, 2, 3), (768, 24, 50277, 16, 2, 4), (40, 3, 10, 8, 1, 2)]
+    # the first cases tell the mistakes apart (each one's count differs from the others'); later ones
+    # (vocab_size 8 with d_model 16, d_model 40 with vocab_size 10) are where two of them coincide
+    cases = [(64, 2, 65, 16, 2, 4), (24, 3, 16, 4, 2, 4), (16, 1, 8, 4, 2, 3), (768, 24, 50277, 16, 2, 4),
+             (40, 3, 10, 8, 1, 2)]
     cases += [(8 * int(rng.integers(1, 20)), int(rng.integers(1, 5)), int(rng.integers(2, 300)),
                int(rng.integers(1, 20)), int(rng.integers(1, 4)), int(rng.integers(2, 6)))]
     for E, L, V, n, expand, k in cases:
         on = f"d_model={E}, n_layer={L}, vocab_size={V}, d_state={n}, expand={expand}, d_conv={k}"
-        got = call(candidate, E, L, V, n, expand, k, on=on)
-        try:
-            got = int(got)
-        except (TypeError, ValueError):
-            raise CheckFailed(f"expected a whole number, got {got!r} on {on}") from None
+        got = _whole_number(call(candidate, E, L, V, n, expand, k, on=on), on)
         expected = _ref_mamba_count(E, L, V, n, expand, k)
-        if got == _ref_mamba_count(E, L, V, n, expand, k, tied=False) != expected:
-            raise CheckFailed(f"you counted lm_head on its own on {on}: it is the embedding table itself (tied)")
-        if got == _ref_mamba_count(E, L, V, n, expand, k, pad=False) != expected:
-            raise CheckFailed(f"the embedding has padded_vocab_size rows (vocab_size rounded up to a multiple "
-                              f"of 8), on {on}")
+        named = [text for kind, text in _COUNT_MISTAKES
+                 if got == _ref_mamba_count(E, L, V, n, expand, k, **kind) != expected]
+        if named:
+            raise CheckFailed(f"{'; or '.join(named)} (on {on})")
         expect(got == expected, f"expected {expected:,} parameters, got {got:,} on {on}")
 
 
@@ -549,12 +601,29 @@ def _(candidate, rng):
     padded[0, 0, 4] = padded[0, 1, 1] = 1.0
     cases += [(padded, np.array([[4, 3]]), 6, "logits (1, 2, 8) whose largest is at padding id 7, vocab_size=6, "
                                               "targets [[4, 3]]")]
+    uneven = np.zeros((2, 4, 8))
+    uneven[0, 3, 1] = 1.0  # row 0: one target, right
+    uneven[1, :, 5] = 1.0  # row 1: four targets, one right (5)
+    cases += [(uneven, np.array([[-1, -1, -1, 1], [5, 2, 3, 4]]), 8,
+               "2 rows with 1 and 4 targets: targets [[-1, -1, -1, 1], [5, 2, 3, 4]], predictions [[., ., ., 1], "
+               "[5, 5, 5, 5]]")]
     for b, t, a in [(4, 10, 6), (16, 36, 32)]:
         logits, targets = _task_logits(rng, b, t, 10, 16, a)
         cases.append((logits, targets, 10, f"random logits {logits.shape}, targets {targets.shape} with -1 "
                                            f"before position {a}, vocab_size=10"))
+    logits, targets = _task_logits(rng, 6, 12, 10, 16, 2)
+    targets[rng.random(targets.shape) < 0.5] = -1  # a different number of targets in every row
+    cases.append((logits, targets, 10, f"random logits {logits.shape}, targets {targets.shape} with -1 at random "
+                                       f"places, vocab_size=10"))
     for logits, targets, V, on in cases:
         got = call(candidate, logits.copy(), targets.copy(), V, on=on)
+        keep = targets != -1
+        hits = logits[..., :V].argmax(-1) == targets
+        per_row = float(np.mean([hits[i][keep[i]].mean() for i in range(len(targets)) if keep[i].any()]))
+        if np.ndim(got) == 0 and np.isclose(float(got), per_row) and not np.isclose(per_row, _ref_masked(
+                logits, targets, V)):
+            raise CheckFailed(f"you averaged the rows' accuracies on {on}: rows with more targets must weigh more, "
+                              f"every target counts once")
         keep_all = float((logits[..., :V].argmax(-1) == targets).mean())
         right = _ref_masked(logits, targets, V)
         if np.ndim(got) == 0 and np.isclose(float(got), keep_all) and not np.isclose(keep_all, right):
@@ -588,11 +657,21 @@ def _(candidate, rng):
     two[1, 1, 2] = two[1, 2, 0] = 1.0  # row 1: one of two right
     cases.append((two, np.array([[-1, 2, 3], [-1, 2, 3]]), 4, "2 sequences with answers [2, 3]: one all right, "
                                                             "one half right"))
+    padded = np.zeros((2, 2, 8))
+    padded[:, :, 7] = 5.0  # a padding id has the largest logit: it must not count
+    padded[:, 0, 1] = padded[:, 1, 2] = 1.0
+    cases.append((padded, np.array([[-1, 2], [1, 2]]), 6, "logits (2, 2, 8) whose largest is at padding id 7, "
+                                                         "vocab_size=6, targets [[-1, 2], [1, 2]]"))
     for b, t, a in [(5, 8, 5), (40, 36, 32)]:
         logits, targets = _task_logits(rng, b, t, 10, 16, a)
         cases.append((logits, targets, 10, f"random logits {logits.shape}, targets with -1 before position {a}"))
     for logits, targets, V, on in cases:
         got = call(candidate, logits.copy(), targets.copy(), V, on=on)
+        with_padding = _ref_exact(logits, targets, logits.shape[-1])
+        if np.ndim(got) == 0 and np.isclose(float(got), with_padding) and \
+                not np.isclose(with_padding, _ref_exact(logits, targets, V)):
+            raise CheckFailed(f"your prediction can be a padding id on {on}: only the first vocab_size logits are "
+                              f"tokens")
         if np.ndim(got) == 0 and np.isclose(float(got), _ref_masked(logits, targets, V)) and \
                 not np.isclose(_ref_masked(logits, targets, V), _ref_exact(logits, targets, V)):
             raise CheckFailed(f"that is the accuracy per answer token on {on}; here a sequence counts only "
@@ -608,6 +687,13 @@ def _gpt_count(vocab_size, block_size, n_layer, C):
     return (vocab_size + block_size) * C + n_layer * (12 * C * C + 13 * C) + 2 * C + vocab_size * C
 
 
+def _rounded_root(n_params, vocab_size, block_size, n_layer, n_head):
+    """The classic shortcut: solve count(C) = n_params for C and round it to a multiple of n_head."""
+    a, b = 12 * n_layer, 2 * vocab_size + block_size + 13 * n_layer + 2
+    root = (-b + np.sqrt(b * b + 4 * a * n_params)) / (2 * a)
+    return max(n_head, int(np.round(root / n_head)) * n_head)
+
+
 def _ref_width(n_params, vocab_size, block_size, n_layer, n_head):
     widths = range(n_head, 64 * n_head * 64 + 1, n_head)
     return min(widths, key=lambda C: (abs(_gpt_count(vocab_size, block_size, n_layer, C) - n_params), C))
@@ -620,16 +706,25 @@ def _ref_width(n_params, vocab_size, block_size, n_layer, n_head):
                       " + 2 C + vocab_size C is closest to n_params, the smaller one on a tie")
 def _(candidate, rng):
     cases = [(20_448, 10, 36, 2, 4), (70_080, 65, 64, 2, 4), (1_000_000, 65, 256, 4, 4), (5_000, 10, 36, 1, 2)]
+    # where rounding the root of the quadratic count(C) = n_params to a multiple of n_head is not the
+    # closest count (the counts grow faster above the root than they fall below it)
+    cases += [(143_505, 67, 49, 3, 8), (220_003, 59, 37, 2, 8)]
+    # ties: n_params exactly halfway between the counts of two widths
+    cases += [(643_560, 10, 36, 2, 4), (85_791, 20, 32, 1, 2)]
     cases += [(int(rng.integers(10_000, 400_000)), int(rng.integers(5, 80)), int(rng.integers(8, 128)),
                int(rng.integers(1, 4)), int(rng.choice([1, 2, 4, 8])))]
     for n, V, T, L, H in cases:
         on = f"n_params={n:,}, vocab_size={V}, block_size={T}, n_layer={L}, n_head={H}"
-        got = call(candidate, n, V, T, L, H, on=on)
-        try:
-            got = int(got)
-        except (TypeError, ValueError):
-            raise CheckFailed(f"expected a whole number, got {got!r} on {on}") from None
+        got = _whole_number(call(candidate, n, V, T, L, H, on=on), on)
         expect(got > 0 and got % H == 0, f"n_embd={got} is not a positive multiple of n_head={H} on {on}")
         expected = _ref_width(n, V, T, L, H)
+        distance = abs(_gpt_count(V, T, L, expected) - n)
+        if got != expected and abs(_gpt_count(V, T, L, got) - n) == distance:
+            raise CheckFailed(f"n_embd={expected} and n_embd={got} are equally close to n_params on {on}: on a tie, "
+                              f"the smaller width")
+        if got != expected and got == _rounded_root(n, V, T, L, H):
+            raise CheckFailed(f"n_embd={got} is the root of count(C) = n_params rounded to a multiple of n_head, but "
+                              f"n_embd={expected} has the closer count ({_gpt_count(V, T, L, expected):,} against "
+                              f"{_gpt_count(V, T, L, got):,}) on {on}: compare the counts, not the widths")
         expect(got == expected, f"expected n_embd={expected} ({_gpt_count(V, T, L, expected):,} parameters), "
                                 f"got {got} ({_gpt_count(V, T, L, got):,} parameters) on {on}")
