@@ -24,23 +24,27 @@ def forgot_return(*args, **kwargs):
 # ---- 5.1 right answers -------------------------------------------------------------------------------
 
 
-def discretize_zoh(A, B, delta):
-    safe = np.where(A == 0, 1.0, A)
-    factor = np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe))  # its limit, 1, where A = 0
-    return np.exp(delta * A), factor * delta * B
+def discretize_bilinear(A, B, delta):
+    inverse = 1 / (1 - delta * A / 2)
+    return inverse * (1 + delta * A / 2), inverse * delta * B
+
+
+def zoh(A, B, delta):
+    return np.exp(delta * A), np.expm1(delta * A) / (delta * A) * delta * B
 
 
 def discretize_mamba(delta, A, B, u):
     return np.exp(delta[..., None] * A), np.einsum("bld,bln->bldn", delta * u, B)
 
 
-def ssm_kernel(A_bar, B_bar, C, L):
-    return (A_bar[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
+def ssm_kernel_dense(A_bar, B_bar, C, L):
+    return np.array([C @ np.linalg.matrix_power(A_bar, j) @ B_bar for j in range(L)])
 
 
-def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
+def ssm_recurrence_varying(A, B, C, D, u, deltas, x0):
     x, y = x0, []
-    for u_k in u:
+    for u_k, delta in zip(u, deltas):
+        A_bar, B_bar = zoh(A, B, delta)
         x = A_bar * x + B_bar * u_k
         y.append(C @ x + D * u_k)
     return y, x  # a list is fine
@@ -49,13 +53,22 @@ def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
 # ---- 5.1 wrong answers -------------------------------------------------------------------------------
 
 
-def zoh_simple_b(A, B, delta):
-    return np.exp(delta * A), delta * B
+def bilinear_euler(A, B, delta):
+    return 1 + delta * A, delta * B
 
 
-def zoh_nan_at_zero(A, B, delta):
-    A_bar = np.exp(delta * A)
-    return A_bar, (A_bar - 1) / (delta * A) * (delta * B)
+def bilinear_upside_down(A, B, delta):
+    A_bar, B_bar = discretize_bilinear(A, B, delta)
+    return 1 / A_bar, B_bar
+
+
+def bilinear_b_not_divided(A, B, delta):
+    return discretize_bilinear(A, B, delta)[0], delta * B
+
+
+def bilinear_by_zoh(A, B, delta):
+    safe = np.where(A == 0, 1.0, A)
+    return np.exp(delta * A), np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe)) * delta * B
 
 
 def mamba_with_zoh(delta, A, B, u):
@@ -65,23 +78,54 @@ def mamba_with_zoh(delta, A, B, u):
 
 
 def kernel_from_one(A_bar, B_bar, C, L):
-    return (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * B_bar)
+    return ssm_kernel_dense(A_bar, B_bar, C, L + 1)[1:]
 
 
-def recurrence_reads_old_state(A_bar, B_bar, C, D, u, x0):
+def kernel_entrywise_power(A_bar, B_bar, C, L):
+    return np.array([C @ (A_bar ** j) @ B_bar for j in range(L)])
+
+
+def kernel_transposed(A_bar, B_bar, C, L):
+    return np.array([B_bar @ np.linalg.matrix_power(A_bar, j) @ C for j in range(L)])
+
+
+def kernel_diagonal_only(A_bar, B_bar, C, L):  # the lesson's kernel, on the diagonal of A_bar
+    return (np.diag(A_bar)[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
+
+
+def recurrence_reads_old_state(A, B, C, D, u, deltas, x0):
     x, y = x0, []
-    for u_k in u:
+    for u_k, delta in zip(u, deltas):
+        A_bar, B_bar = zoh(A, B, delta)
         y.append(C @ x + D * u_k)
         x = A_bar * x + B_bar * u_k
     return np.array(y), x
 
 
-def recurrence_without_d(A_bar, B_bar, C, D, u, x0):
-    return ssm_recurrence(A_bar, B_bar, C, 0.0, u, x0)
+def recurrence_without_d(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, 0.0, u, deltas, x0)
 
 
-def recurrence_from_zero(A_bar, B_bar, C, D, u, x0):
-    return ssm_recurrence(A_bar, B_bar, C, D, u, np.zeros_like(x0))
+def recurrence_from_zero(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, D, u, deltas, np.zeros_like(x0))
+
+
+def recurrence_first_delta(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, D, u, np.full(len(u), deltas[0]), x0)
+
+
+def recurrence_simple_rule(A, B, C, D, u, deltas, x0):
+    x, y = x0, []
+    for u_k, delta in zip(u, deltas):
+        x = np.exp(delta * A) * x + delta * B * u_k
+        y.append(C @ x + D * u_k)
+    return y, x
+
+
+def recurrence_x0_as_input(A, B, C, D, u, deltas, x0):
+    # x0 taken for an input written into a zero state before the first step
+    A_bar, B_bar = zoh(A, B, deltas[0])
+    return ssm_recurrence_varying(A, B, C, D, u, deltas, B_bar * x0)
 
 
 # ---- 5.2 right and wrong answers ------------------------------------------------------------------
@@ -334,10 +378,10 @@ def gpt_width_any(n_params, vocab_size, block_size, n_layer, n_head):
 
 
 CASES = [
-    ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
+    ("5.1.1", discretize_bilinear, bilinear_euler, "Euler's rule"),
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
-    ("5.1.3", ssm_kernel, kernel_from_one, "starts at A_bar**1"),
-    ("5.1.4", ssm_recurrence, recurrence_reads_old_state, "before the update"),
+    ("5.1.3", ssm_kernel_dense, kernel_entrywise_power, "each entry to the power j"),
+    ("5.1.4", ssm_recurrence_varying, recurrence_reads_old_state, "before the update"),
     ("5.2.1", combine_affine, combine_affine_wrong_order, "wrong order"),
     ("5.2.2", scan_step, scan_step_old_state, "old state"),
     ("5.2.3", selective_scan_from, selective_scan_without_d, "skip term"),
@@ -487,7 +531,15 @@ KNOWN_WRONG = {exercise_id: [(wrong, [named])] for exercise_id, _, wrong, named 
 for exercise_id, wrong, words in [
     ("5.1.4", recurrence_without_d, ["skip term"]),
     ("5.1.4", recurrence_from_zero, ["ignore x0"]),
-    ("5.1.1", zoh_nan_at_zero, ["nan where A = 0"]),
+    ("5.1.4", recurrence_first_delta, ["the first delta"]),
+    ("5.1.4", recurrence_simple_rule, ["simple rule"]),
+    ("5.1.4", recurrence_x0_as_input, ["x0"]),
+    ("5.1.1", bilinear_upside_down, ["upside down"]),
+    ("5.1.1", bilinear_b_not_divided, ["divides it by 1 - delta A / 2"]),
+    ("5.1.1", bilinear_by_zoh, ["zero-order hold of section 2"]),
+    ("5.1.3", kernel_from_one, ["starts at A_bar**1"]),
+    ("5.1.3", kernel_transposed, ["transposed"]),
+    ("5.1.3", kernel_diagonal_only, ["the matrix j times"]),
     ("5.2.1", combine_affine_offset_wrong, ["second applied first"]),
     ("5.2.3", selective_scan_from_zero, ["zero state"]),
     ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), ["deltaA"]),
@@ -533,11 +585,11 @@ def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
 
 
 # 5.1.1 loop, python floats, list outputs
-def zoh_loop(A, B, delta):
+def bilinear_loop(A, B, delta):
     Ab, Bb = [], []
     for a, b in zip(A, B):
-        Ab.append(math.exp(delta * a))
-        Bb.append(delta * b if a == 0 else (math.exp(delta * a) - 1) / a * b)
+        Ab.append((2 + delta * a) / (2 - delta * a))
+        Bb.append(2 * delta * b / (2 - delta * a))
     return Ab, Bb
 
 
@@ -549,23 +601,24 @@ def mamba32(delta, A, B, u):
             (d * u).astype(np.float32).reshape(b, l, di, 1) * B.astype(np.float32).reshape(b, l, 1, -1))
 
 
-# 5.1.3 loop with running power
+# 5.1.3 loop with a running row vector C A_bar^j
 def kernel_loop(A_bar, B_bar, C, L):
-    K, p = [], np.ones_like(A_bar)
+    K, row = [], np.array(C, dtype=float)
     for _ in range(L):
-        K.append(float(np.sum(C * p * B_bar)))
-        p = p * A_bar
+        K.append(float(row @ B_bar))
+        row = row @ A_bar
     return K
 
 
-# 5.1.4 vectorised via kernel + x0 decay
-def rec_vec(A_bar, B_bar, C, D, u, x0):
-    L = len(u)
-    powers = A_bar[None, :] ** np.arange(L)[:, None]
-    K = powers @ (C * B_bar)
-    y = np.convolve(u, K)[:L] + D * u + (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * x0)
-    x_last = (powers[::-1] * B_bar * u[:, None]).sum(0) + A_bar ** L * x0
-    return y, x_last
+# 5.1.4 the whole sequence of decays at once, then the loop, math-module floats for the factor
+def rec_vec(A, B, C, D, u, deltas, x0):
+    A_bars = np.exp(np.outer(deltas, A))  # (L, n)
+    B_bars = np.array([[math.expm1(d * a) / a * b for a, b in zip(A, B)] for d in deltas])
+    x, y = np.array(x0, dtype=float), np.empty(len(u))
+    for k in range(len(u)):
+        x = A_bars[k] * x + B_bars[k] * u[k]
+        y[k] = C @ x
+    return y + D * u, x
 
 
 # 5.2.1 einsum, list return
@@ -706,14 +759,14 @@ def in_float32(fn):
 
 
 OTHER_RIGHT = [
-    ("5.1.1", zoh_loop), ("5.1.2", mamba32), ("5.1.3", kernel_loop), ("5.1.4", rec_vec),
+    ("5.1.1", bilinear_loop), ("5.1.2", mamba32), ("5.1.3", kernel_loop), ("5.1.4", rec_vec),
     ("5.2.1", comb_einsum), ("5.2.2", step_loop), ("5.2.3", scan_prealloc), ("5.2.4", par_scan2),
     ("5.3.1", rms_bw_loop), ("5.3.2", conv_bw_loop), ("5.3.3", conv_step_roll), ("5.3.4", ssm_params2),
     ("5.3.5", count2), ("5.4.1", macc_loop), ("5.4.2", seqacc_loop), ("5.4.3", width2),
-    ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_zoh(A, B, d))),
-    ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel(A_bar, B_bar, C, L))),
+    ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_bilinear(A, B, d))),
+    ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel_dense(A_bar, B_bar, C, L))),
 ] + [(i, in_float32(f)) for i, f in [
-    ("5.1.4", ssm_recurrence), ("5.2.1", combine_affine), ("5.2.2", scan_step), ("5.2.3", selective_scan_from),
+    ("5.1.4", ssm_recurrence_varying), ("5.1.3", ssm_kernel_dense), ("5.2.1", combine_affine), ("5.2.2", scan_step), ("5.2.3", selective_scan_from),
     ("5.2.4", parallel_scan), ("5.3.1", rms_norm_backward), ("5.3.2", causal_conv1d_backward), ("5.3.3", conv_step),
     ("5.3.4", ssm_parameters), ("5.4.1", masked_accuracy), ("5.4.2", sequence_accuracy)]]
 

@@ -51,38 +51,44 @@ def _same(got, expected, rtol=1e-5, atol=1e-7):
 
 
 def _ref_zoh(A, B, delta):
+    """The zero-order hold for a diagonal A with nonzero entries."""
     A_bar = np.exp(delta * A)
-    factor = np.ones_like(A, dtype=np.float64)  # (exp(delta A) - 1) / (delta A), which tends to 1 as A -> 0
-    nonzero = A != 0
-    factor[nonzero] = np.expm1(delta * A[nonzero]) / (delta * A[nonzero])
-    return A_bar, factor * delta * B
+    return A_bar, np.expm1(delta * A) / (delta * A) * delta * B
+
+
+def _ref_bilinear(A, B, delta):
+    inverse = 1 / (1 - delta * A / 2)
+    return inverse * (1 + delta * A / 2), inverse * delta * B
 
 
 @exercise("5.1.1",
-          hint="work entry by entry, as section 2 does; where A is 0 the factor (exp(delta A) - 1) / (delta A) is "
-               "0/0: use its limit as A -> 0",
-          answer_hint="A_bar = exp(delta A); B_bar = delta B (exp(delta A) - 1) / (delta A) where A != 0 and delta B"
-                      " where A == 0 (np.where, or a mask)")
+          hint="the bilinear rule averages the slope at the start and at the end of the step: solve "
+               "x_k - x_{k-1} = delta/2 A (x_k + x_{k-1}) + delta B u_k for x_k; with a diagonal A it is all "
+               "entry by entry",
+          answer_hint="A_bar = (1 + delta A / 2) / (1 - delta A / 2); B_bar = delta B / (1 - delta A / 2)")
 def _(candidate, rng):
     cases = [(np.array([-1.0]), np.array([1.0]), 0.5, "A=[-1], B=[1], delta=0.5"),
              (np.array([-0.5, -2.0]), np.array([1.0, 3.0]), 0.1, "A=[-0.5, -2], B=[1, 3], delta=0.1"),
              (np.array([-1.0, -4.0]), np.array([2.0, -1.0]), 2.0, "A=[-1, -4], B=[2, -1], delta=2 (a large step)"),
              (np.array([0.0, -1.0]), np.array([1.0, 1.0]), 0.5, "A=[0, -1] (a pure integrator), B=[1, 1], delta=0.5")]
-    A = -rng.uniform(0.1, 5, size=6)
-    A[[1, 4]] = 0.0
-    cases += [(A, rng.normal(size=6), float(rng.uniform(0.01, 1)), "random A (6,) with two zeros, B (6,) and delta")]
+    cases += [(-rng.uniform(0.1, 5, size=6), rng.normal(size=6), float(rng.uniform(0.01, 1)),
+               "random A (6,), B (6,) and delta")]
     for A, B, delta, on in cases:
-        with np.errstate(divide="ignore", invalid="ignore"):  # a 0/0 shows as nan in the answer, not as a warning
-            got = _pair(call(candidate, A.copy(), B.copy(), delta, on=on), on, "(A_bar, B_bar)")
-        A_bar, B_bar = _ref_zoh(A, B, delta)
+        got = _pair(call(candidate, A.copy(), B.copy(), delta, on=on), on, "(A_bar, B_bar)")
+        A_bar, B_bar = _ref_bilinear(A, B, delta)
+        if _same(got[0], 1 + delta * A) and not _same(got[0], A_bar):
+            raise CheckFailed(f"A_bar is 1 + delta A on {on}: that is Euler's rule, which uses the slope at the start "
+                              f"of the step only")
+        with np.errstate(divide="ignore"):  # A_bar is 0 where delta A = -2
+            upside_down = 1 / A_bar
+        if _same(got[0], upside_down) and not _same(got[0], A_bar):
+            raise CheckFailed(f"A_bar is upside down on {on}: with A < 0 its size must be below 1, the state decays")
+        if _same(got[0], np.exp(delta * A)) and not _same(got[0], A_bar):
+            raise CheckFailed(f"A_bar is exp(delta A) on {on}: that is the zero-order hold of section 2; the bilinear "
+                              f"rule is a ratio")
         expect_close(got[0], A_bar, on=on, rtol=_RTOL, atol=_ATOL, what="A_bar")
-        if _same(got[1], delta * B):
-            raise CheckFailed(f"B_bar is delta * B on {on}: that is mamba-minimal's simple rule; "
-                              f"the zero-order hold has an extra factor")
-        got_b = np.asarray(got[1], dtype=np.float64)
-        if got_b.shape == B.shape and np.isnan(got_b).any():
-            raise CheckFailed(f"B_bar has nan where A = 0 on {on}: there (exp(delta A) - 1) / (delta A) is 0/0; "
-                              f"use its limit")
+        if _same(got[1], delta * B) and not _same(got[1], B_bar):
+            raise CheckFailed(f"B_bar is delta * B on {on}: the bilinear rule divides it by 1 - delta A / 2 too")
         expect_close(got[1], B_bar, on=on, rtol=_RTOL, atol=_ATOL, what="B_bar")
 
 
@@ -109,69 +115,96 @@ def _(candidate, rng):
         expect_close(got[1], deltaB_u, on=on, rtol=_RTOL, atol=_ATOL, what="deltaB_u")
 
 
-def _ref_kernel(A_bar, B_bar, C, L):
-    return np.array([np.sum(C * A_bar ** j * B_bar) for j in range(L)])
+def _ref_kernel_dense(A_bar, B_bar, C, L, start=0):
+    K, x = [], B_bar.copy()
+    for j in range(start + L):
+        if j >= start:
+            K.append(C @ x)
+        x = A_bar @ x
+    return np.array(K)
 
 
 @exercise("5.1.3",
-          hint="unroll the recurrence from a zero state: which power of A_bar multiplies the input of this very "
-               "step?",
-          answer_hint="K_j = sum over the state of C * A_bar**j * B_bar, for j = 0, 1, ..., L-1")
+          hint="unroll the recurrence from a zero state with a full matrix: the input of step k - j has been "
+               "multiplied by the matrix A_bar j times when y_k reads it",
+          answer_hint="x = B_bar; for j = 0, 1, ..., L-1: K_j = C @ x, then x = A_bar @ x (matrix products)")
 def _(candidate, rng):
-    cases = [(np.array([0.5]), np.array([1.0]), np.array([1.0]), 4, "A_bar=[0.5], B_bar=[1], C=[1], L=4"),
-             (np.array([0.9, 0.1]), np.array([1.0, 2.0]), np.array([1.0, -1.0]), 5,
-              "A_bar=[0.9, 0.1], B_bar=[1, 2], C=[1, -1], L=5"),
-             (np.array([0.5, 0.25]), np.array([1.0, 1.0]), np.array([2.0, 3.0]), 1, "L=1"),
-             (rng.uniform(0.1, 0.99, 8), rng.normal(size=8), rng.normal(size=8), 20, "random n=8, L=20")]
+    rotation = np.array([[0.0, -1.0], [1.0, 0.0]]) * 0.9  # turns the state by 90 degrees each step
+    cases = [(np.diag([0.5, 0.25]), np.array([1.0, 1.0]), np.array([2.0, 3.0]), 4,
+              "a diagonal A_bar = diag(0.5, 0.25), B_bar=[1, 1], C=[2, 3], L=4 (as in the lesson)"),
+             (rotation, np.array([1.0, 0.0]), np.array([1.0, 0.0]), 6,
+              "A_bar = 0.9 [[0, -1], [1, 0]] (a rotation), B_bar=[1, 0], C=[1, 0], L=6"),
+             (np.array([[0.5, 1.0], [0.0, 0.5]]), np.array([0.0, 1.0]), np.array([1.0, 0.0]), 5,
+              "A_bar = [[0.5, 1], [0, 0.5]], B_bar=[0, 1], C=[1, 0], L=5"),
+             (np.array([[0.9]]), np.array([2.0]), np.array([1.0]), 1, "n=1, L=1")]
+    M = rng.normal(size=(5, 5))
+    cases += [(0.8 * M / np.abs(np.linalg.eigvals(M)).max(), rng.normal(size=5), rng.normal(size=5), 12,
+               "a random stable 5 x 5 A_bar, random B_bar and C, L=12")]
     for A_bar, B_bar, C, L, on in cases:
         got = call(candidate, A_bar.copy(), B_bar.copy(), C.copy(), L, on=on)
-        expected = _ref_kernel(A_bar, B_bar, C, L)
-        if _same(got, _ref_kernel(A_bar, B_bar, C, L + 1)[1:]):
-            raise CheckFailed(f"your kernel starts at A_bar**1 on {on}: K_0 is C * B_bar, the input "
-                              f"of this very step")
+        expected = _ref_kernel_dense(A_bar, B_bar, C, L)
+        entrywise = np.array([C @ (A_bar ** j) @ B_bar for j in range(L)])
+        if _same(got, entrywise) and not _same(got, expected):
+            raise CheckFailed(f"A_bar ** j raises each entry to the power j on {on}: the state is multiplied by the "
+                              f"matrix j times (np.linalg.matrix_power, or one product per step)")
+        if _same(got, _ref_kernel_dense(A_bar, B_bar, C, L, start=1)) and not _same(got, expected):
+            raise CheckFailed(f"your kernel starts at A_bar**1 on {on}: K_0 is C B_bar, the input of this very step")
+        if _same(got, _ref_kernel_dense(A_bar.T, B_bar, C, L)) and not _same(got, expected):
+            raise CheckFailed(f"your kernel uses A_bar transposed on {on}: the state x becomes A_bar @ x")
         expect_close(got, expected, on=on, rtol=_RTOL, atol=_ATOL, what="kernel")
 
 
-def _ref_recurrence(A_bar, B_bar, C, D, u, x0):
+def _ref_varying(A, B, C, D, u, deltas, x0, rule="zoh", read="after"):
     x, ys = np.array(x0, dtype=np.float64), []
-    for u_k in u:
-        x = A_bar * x + B_bar * u_k
-        ys.append(C @ x + D * u_k)
+    for u_k, delta in zip(u, deltas):
+        A_bar, B_bar = _ref_zoh(A, B, delta) if rule == "zoh" else (np.exp(delta * A), delta * B)
+        new = A_bar * x + B_bar * u_k
+        ys.append(C @ (new if read == "after" else x) + D * u_k)
+        x = new
     return np.array(ys), x
 
 
 @exercise("5.1.4",
-          hint="start from x0, not from zeros; at each step the state takes in u_k before the output reads it, and "
-               "the output has a skip term",
-          answer_hint="x = x0; for each u_k: x = A_bar * x + B_bar * u_k, then y_k = C . x + D * u_k; return (the "
-                      "y_k, the last x)")
+          hint="discretise every step with its own delta (the zero-order hold of section 2), start from x0, and "
+               "update the state before reading it",
+          answer_hint="x = x0; for each u_k, delta_k: A_bar, B_bar = the zero-order hold of (A, B, delta_k); "
+                      "x = A_bar * x + B_bar * u_k; y_k = C @ x + D * u_k; return (the y_k, the last x)")
 def _(candidate, rng):
-    cases = [(np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(1),
-              "A_bar=[0.5], B_bar=[1], C=[1], D=0, an impulse u=[1, 0, 0, 0], x0=[0]"),
-             (np.array([0.5]), np.array([1.0]), np.array([1.0]), 2.0, np.array([1.0, 1.0, 1.0]), np.zeros(1),
-              "A_bar=[0.5], B_bar=[1], C=[1], D=2, u=[1, 1, 1], x0=[0]"),
-             (np.array([0.5]), np.array([1.0]), np.array([1.0]), 0.0, np.zeros(3), np.array([8.0]),
-              "A_bar=[0.5], B_bar=[1], C=[1], D=0, u=[0, 0, 0], x0=[8] (the state decays)"),
-             (np.array([0.9, 0.2]), np.array([0.3, 1.0]), np.array([1.0, -2.0]), 0.5,
-              np.array([1.0, -1.0, 2.0, 0.0, 3.0]), np.array([1.0, -1.0]),
-              "A_bar=[0.9, 0.2], B_bar=[0.3, 1], C=[1, -2], D=0.5, u=[1, -1, 2, 0, 3], x0=[1, -1]")]
-    cases += [(rng.uniform(0.1, 0.99, 6), rng.normal(size=6), rng.normal(size=6), float(rng.normal()),
-               rng.normal(size=30), rng.normal(size=6), "random n=6, L=30, x0")]
-    for A_bar, B_bar, C, D, u, x0, on in cases:
-        got = _pair(call(candidate, A_bar.copy(), B_bar.copy(), C.copy(), D, u.copy(), x0.copy(), on=on), on,
+    A, B, C = np.array([-1.0, -3.0]), np.array([1.0, 0.5]), np.array([1.0, -1.0])
+    impulse = np.array([1.0, 0.0, 0.0, 0.0])
+    cases = [(A, B, C, 0.0, impulse, np.array([0.1, 0.1, 0.1, 0.1]), np.zeros(2),
+              "A=[-1, -3], B=[1, 0.5], C=[1, -1], D=0, an impulse u=[1, 0, 0, 0], deltas all 0.1, x0=0"),
+             (A, B, C, 0.0, impulse, np.array([0.1, 2.0, 0.01, 1.0]), np.zeros(2),
+              "the same impulse with deltas [0.1, 2, 0.01, 1], x0=0"),
+             (A, B, C, 2.0, np.ones(3), np.array([0.5, 0.05, 0.5]), np.zeros(2),
+              "A=[-1, -3], B=[1, 0.5], C=[1, -1], D=2, u=[1, 1, 1], deltas [0.5, 0.05, 0.5], x0=0"),
+             (A, B, C, 0.0, np.zeros(3), np.array([0.2, 1.0, 0.2]), np.array([8.0, -4.0]),
+              "u=[0, 0, 0], deltas [0.2, 1, 0.2], x0=[8, -4] (the state decays)")]
+    cases += [(-rng.uniform(0.2, 4, 6), rng.normal(size=6), rng.normal(size=6), float(rng.normal()),
+               rng.normal(size=30), rng.uniform(0.01, 1.5, 30), rng.normal(size=6), "random n=6, L=30, deltas, x0")]
+    for A, B, C, D, u, deltas, x0, on in cases:
+        got = _pair(call(candidate, A.copy(), B.copy(), C.copy(), D, u.copy(), deltas.copy(), x0.copy(), on=on), on,
                     "(y, x_last)")
-        expected, x_last = _ref_recurrence(A_bar, B_bar, C, D, u, x0)
+        expected, x_last = _ref_varying(A, B, C, D, u, deltas, x0)
         arr = _array(got[0], on, "output y")
         if arr.shape == expected.shape:
+            def looks_like(variant):  # the answer is this mistake, and the mistake shows on this input
+                return np.allclose(arr, variant) and not np.allclose(variant, expected)
+
+            first = _ref_varying(A, B, C, D, u, np.full_like(deltas, deltas[0]), x0)[0]
+            expect(not looks_like(first), f"every step uses the first delta on {on}: each step has its own, "
+                                          f"discretise it anew")
+            simple = _ref_varying(A, B, C, D, u, deltas, x0, rule="simple")[0]
+            expect(not looks_like(simple), f"B_bar is delta * B on {on}: that is mamba-minimal's simple rule; "
+                                           f"this exercise asks for the zero-order hold")
             if x0.any():
-                expect(not np.allclose(arr, _ref_recurrence(A_bar, B_bar, C, D, u, 0 * x0)[0]),
-                       f"the outputs ignore x0 on {on}: the recurrence starts from the given state")
-            states = [x0] + [None] * len(u)
-            for k, u_k in enumerate(u):
-                states[k + 1] = A_bar * states[k] + B_bar * u_k
-            old = np.array([C @ states[k] + D * u[k] for k in range(len(u))])  # read before the update
-            expect(not np.allclose(arr, old), f"y_k was read from the state before the update on {on}: "
-                                              f"update the state with u_k first, then read it")
+                zero = _ref_varying(A, B, C, D, u, deltas, 0 * x0)[0]
+                expect(not looks_like(zero), f"the outputs ignore x0 on {on}: the recurrence starts from the "
+                                             f"given state")
+            else:  # from a zero state, reading first shows as outputs one step late
+                before = _ref_varying(A, B, C, D, u, deltas, x0, read="before")[0]
+                expect(not looks_like(before), f"y_k was read from the state before the update on {on}: "
+                                               f"update the state with u_k first, then read it")
             expect(D == 0 or not np.allclose(arr, expected - D * u), f"the output lacks the skip term D * u_k on {on}")
         expect_close(got[0], expected, on=on, rtol=_RTOL, atol=_ATOL, what="output y")
         expect_close(got[1], x_last, on=on, rtol=_RTOL, atol=_ATOL, what="last state")
