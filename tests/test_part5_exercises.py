@@ -323,6 +323,60 @@ def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand
     return Mamba(config).num_parameters()
 
 
+def silu(z):
+    return z / (1 + np.exp(-z))
+
+
+def residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * silu(res)) @ out_proj_weight.T
+
+
+def block_without_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    return residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps) - x
+
+
+def block_normed_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    return block_without_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps) + h
+
+
+def block_halves_swapped(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    res, u = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * silu(res)) @ out_proj_weight.T
+
+
+def block_gate_without_silu(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * res) @ out_proj_weight.T
+
+
+def block_gate_sigmoid(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) / (1 + np.exp(-res))) @ out_proj_weight.T
+
+
+def block_mix_on_everything(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    both = mix(h @ in_proj_weight.T)
+    u, res = np.split(both, 2, axis=-1)
+    return x + (u * silu(res)) @ out_proj_weight.T
+
+
+def block_eps_ignored(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    return residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight)
+
+
+def block_by_library(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    from course.mamba import MambaConfig, ResidualBlock
+    layer = ResidualBlock(MambaConfig(x.shape[-1], 1, 10), np.random.default_rng(0))
+    return layer(x).data
+
+
 # ---- 5.4 right and wrong answers ------------------------------------------------------------------
 
 
@@ -391,6 +445,7 @@ CASES = [
     ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
     ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
     ("5.3.5", count_parameters, count_parameters_untied, "tied"),
+    ("5.3.6", residual_block_forward, block_without_residual, "lacks the residual"),
     ("5.4.1", masked_accuracy, masked_accuracy_all_positions, "every position"),
     ("5.4.2", sequence_accuracy, sequence_accuracy_per_token, "all its answers"),
     ("5.4.3", gpt_width, gpt_width_no_biases, "expected n_embd="),
@@ -561,6 +616,13 @@ for exercise_id, wrong, words in [
     ("5.3.1", rms_norm_backward_eps_ignored, ["ignores the eps"]),
     ("5.4.2", sequence_accuracy_counting_blanks, ["without a target"]),
     ("5.4.2", sequence_accuracy_partial_credit, ["all its answers are right"]),
+    ("5.3.6", block_normed_residual, ["normalised input back"]),
+    ("5.3.6", block_halves_swapped, ["swapped"]),
+    ("5.3.6", block_gate_without_silu, ["not passed through SiLU"]),
+    ("5.3.6", block_gate_sigmoid, ["res * sigmoid(res)"]),
+    ("5.3.6", block_mix_on_everything, ["mix got an input of shape"]),
+    ("5.3.6", block_eps_ignored, ["ignores the eps"]),
+    ("5.3.6", block_by_library, ["write this yourself", "course.mamba.ResidualBlock"]),
     ("5.2.3", selective_scan_by_private_kernel, ["write this yourself", "course.mamba.scan._fast_forward_kernel"]),
     ("5.3.1", rms_norm_backward_by_finite_differences, ["finite difference", "worked out by hand"]),
     ("5.3.1", rms_norm_backward_by_numerical_gradient, ["write this yourself", "numerical_gradient"]),
@@ -719,6 +781,17 @@ def count2(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
     return np.int64(n_layer * sum(mods) + V * E + E)
 
 
+# 5.3.6 the gate by its definition, z sigmoid(z), halves by slicing, the residual first
+def block_loop(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    out = x.copy()
+    h = x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + eps) * norm_weight
+    both = np.einsum("bld,ed->ble", h, in_proj_weight)
+    d_in = both.shape[-1] // 2
+    gate = both[..., d_in:] * (1 / (1 + np.exp(-both[..., d_in:])))
+    out += np.einsum("ble,de->bld", mix(both[..., :d_in]) * gate, out_proj_weight)
+    return out
+
+
 # 5.4.1 loop
 def macc_loop(logits, targets, vocab_size):
     right = total = 0
@@ -762,13 +835,13 @@ OTHER_RIGHT = [
     ("5.1.1", bilinear_loop), ("5.1.2", mamba32), ("5.1.3", kernel_loop), ("5.1.4", rec_vec),
     ("5.2.1", comb_einsum), ("5.2.2", step_loop), ("5.2.3", scan_prealloc), ("5.2.4", par_scan2),
     ("5.3.1", rms_bw_loop), ("5.3.2", conv_bw_loop), ("5.3.3", conv_step_roll), ("5.3.4", ssm_params2),
-    ("5.3.5", count2), ("5.4.1", macc_loop), ("5.4.2", seqacc_loop), ("5.4.3", width2),
+    ("5.3.5", count2), ("5.3.6", block_loop), ("5.4.1", macc_loop), ("5.4.2", seqacc_loop), ("5.4.3", width2),
     ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_bilinear(A, B, d))),
     ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel_dense(A_bar, B_bar, C, L))),
 ] + [(i, in_float32(f)) for i, f in [
     ("5.1.4", ssm_recurrence_varying), ("5.1.3", ssm_kernel_dense), ("5.2.1", combine_affine), ("5.2.2", scan_step), ("5.2.3", selective_scan_from),
     ("5.2.4", parallel_scan), ("5.3.1", rms_norm_backward), ("5.3.2", causal_conv1d_backward), ("5.3.3", conv_step),
-    ("5.3.4", ssm_parameters), ("5.4.1", masked_accuracy), ("5.4.2", sequence_accuracy)]]
+    ("5.3.4", ssm_parameters), ("5.3.6", residual_block_forward), ("5.4.1", masked_accuracy), ("5.4.2", sequence_accuracy)]]
 
 
 @pytest.mark.parametrize("exercise_id,candidate", OTHER_RIGHT, ids=[f"{i}-{n}" for n, (i, _) in enumerate(OTHER_RIGHT)])

@@ -224,9 +224,9 @@ def _ref_combine_affine(first, second):
 
 
 @exercise("5.2.1",
-          hint="write out what applying first, then second, does to x, and collect the terms in x and the rest; "
+          hint="write out what applying first, then second, does to h, and collect the terms in h and the rest; "
                "matrix products do not commute",
-          answer_hint="A2 (A1 x + b1) + b2 = (A2 A1) x + (A2 b1 + b2)",
+          answer_hint="A2 (A1 h + v1) + v2 = (A2 A1) h + (A2 v1 + v2)",
           forbid=["course.mamba.scan.combine"], task="compose the affine maps in NumPy")
 def _(candidate, rng):
     eye = np.eye(2)
@@ -235,20 +235,20 @@ def _(candidate, rng):
              ((eye, np.array([1.0, 2.0])), (2 * eye, np.array([0.0, -1.0])),
               "first (I, [1, 2]), second (2I, [0, -1])"),
              ((np.array([[0.0, 1.0], [0.0, 0.0]]), np.zeros(2)), (np.array([[1.0, 0.0], [1.0, 1.0]]), np.zeros(2)),
-              "first A1=[[0, 1], [0, 0]], second A2=[[1, 0], [1, 1]], b = 0 (A1 A2 and A2 A1 differ)")]
+              "first A1=[[0, 1], [0, 0]], second A2=[[1, 0], [1, 1]], v = 0 (A1 A2 and A2 A1 differ)")]
     cases += [((rng.normal(size=(3, 3)), rng.normal(size=3)), (rng.normal(size=(3, 3)), rng.normal(size=3)),
                "random 3 x 3 matrices and offsets")]
     for first, second, on in cases:
-        got = _pair(call(candidate, first, second, on=on), on, "(A, b)")
+        got = _pair(call(candidate, first, second, on=on), on, "(A, v)")
         A, b = _ref_combine_affine(first, second)
         if _same(got[0], first[0] @ second[0]) and not _same(got[0], A):
             raise CheckFailed(f"the matrices are multiplied in the wrong order on {on}: `first` acts first, "
                               f"so it stands on the right of the product")
         expect_close(got[0], A, on=on, rtol=_RTOL, atol=_ATOL, what="A")
         if _same(got[1], first[0] @ second[1] + first[1]) and not _same(got[1], b):
-            raise CheckFailed(f"b is second applied first on {on}: the offset of `first` goes through "
+            raise CheckFailed(f"v is second applied first on {on}: the offset of `first` goes through "
                               f"`second`'s matrix, not the other way round")
-        expect_close(got[1], b, on=on, rtol=_RTOL, atol=_ATOL, what="b")
+        expect_close(got[1], b, on=on, rtol=_RTOL, atol=_ATOL, what="v")
 
 
 def _ref_step(x, u_t, delta_t, A, B_t, C_t, D):
@@ -263,8 +263,8 @@ def _ref_step(x, u_t, delta_t, A, B_t, C_t, D):
 
 @exercise("5.2.2",
           hint="line everything up on (b, d_in, n) with None axes; update the state first, then read it",
-          answer_hint="x_new = exp(delta_t[..., None] * A) * x + (delta_t * u_t)[..., None] * B_t[:, None, :]; y_t ="
-                      " (x_new * C_t[:, None, :]).sum(-1) + D * u_t")
+          answer_hint="h_new = exp(delta_t[..., None] * A) * h + (delta_t * u_t)[..., None] * B_t[:, None, :]; y_t ="
+                      " (h_new * C_t[:, None, :]).sum(-1) + D * u_t")
 def _(candidate, rng):
     shapes = [(1, 1, 1), (1, 2, 3), (2, 3, 4), (3, 5, 2)]
     for b, d_in, n in shapes:
@@ -275,9 +275,9 @@ def _(candidate, rng):
         D = rng.normal(size=d_in)
         on = f"random x {x.shape}, u_t {u_t.shape}, A {A.shape}, B_t {B_t.shape}"
         got = _pair(call(candidate, x.copy(), u_t.copy(), delta_t.copy(), A.copy(), B_t.copy(), C_t.copy(),
-                          D.copy(), on=on), on, "(x_new, y_t)")
+                          D.copy(), on=on), on, "(h_new, y_t)")
         x_new, y = _ref_step(x, u_t, delta_t, A, B_t, C_t, D)
-        expect_close(got[0], x_new, on=on, rtol=_RTOL, atol=_ATOL, what="new state x_new")
+        expect_close(got[0], x_new, on=on, rtol=_RTOL, atol=_ATOL, what="new state h_new")
         if _same(got[1], np.einsum("bdn,bn->bd", x, C_t) + D * u_t):
             raise CheckFailed(f"y_t reads the old state on {on}: read the state after the update")
         expect(not _same(got[1], y - D * u_t), f"y_t lacks the skip term D * u_t on {on}")
@@ -351,10 +351,10 @@ class _CountingCombine:
                       "at [offset:] (later) in one call, and store the result at [offset:]",
           forbid=[*_SCANS, "course.mamba.scan.combine"], task="write the log-depth scan with the given combine")
 def _(candidate, rng):
-    cases = [(np.array([2.0]), np.array([1.0]), "a=[2], b=[1]"),
-             (np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0]), "a=[1, 2, 3], b=[1, 1, 1]"),
-             (np.full(8, 0.5), np.arange(8.0), "a = 0.5 everywhere, b=[0, 1, ..., 7]")]
-    cases += [(rng.uniform(0.5, 1, size=(L, 3)), rng.normal(size=(L, 3)), f"random a, b of shape ({L}, 3)")
+    cases = [(np.array([2.0]), np.array([1.0]), "a=[2], v=[1]"),
+             (np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0]), "a=[1, 2, 3], v=[1, 1, 1]"),
+             (np.full(8, 0.5), np.arange(8.0), "a = 0.5 everywhere, v=[0, 1, ..., 7]")]
+    cases += [(rng.uniform(0.5, 1, size=(L, 3)), rng.normal(size=(L, 3)), f"random a, v of shape ({L}, 3)")
               for L in (5, 64, 100)]
     for a, b, on in cases:
         combine = _CountingCombine()
@@ -599,6 +599,72 @@ def _(candidate, rng):
             raise CheckFailed(f"{'; or '.join(named)} (on {on})")
         expect(got == expected, f"expected {expected:,} parameters, got {got:,} on {on}")
 
+
+
+def _ref_silu(z):
+    return z / (1 + np.exp(-z))
+
+
+def _check_mix(u):
+    """The stand-in for the conv + SiLU + scan of the main branch: causal, nonlinear, and shape-keeping."""
+    return 0.5 * np.cumsum(u, axis=1) + np.tanh(u)
+
+
+def _ref_residual_block(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5, gate="silu", split="ur",
+                        residual=True, normed_residual=False):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    first, second = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    u, res = (first, second) if split == "ur" else (second, first)
+    g = {"silu": _ref_silu(res), "none": res, "sigmoid": 1 / (1 + np.exp(-res))}[gate]
+    out = (mix(u) * g) @ out_proj_weight.T
+    return out + (h if normed_residual else x) if residual else out
+
+
+@exercise("5.3.6",
+          hint="section 5 and section 6 together: normalise, project, split into the main branch and the gate, run "
+               "the main branch through mix, gate it with SiLU of the other half, project back, and add what came in",
+          answer_hint="h = rms_norm(x) * norm_weight; u, res = split(h @ in_proj_weight.T, 2, axis=-1); "
+                      "out = (mix(u) * silu(res)) @ out_proj_weight.T; return x + out",
+          forbid=["course.mamba.ResidualBlock", "course.mamba.MambaBlock", "course.mamba.Mamba"],
+          task="assemble the block in NumPy")
+def _(candidate, rng):
+    shapes = [(1, 1, 2, 2), (1, 4, 3, 2), (2, 6, 4, 3), (3, 5, 8, 16)]
+    for b, l, d_model, expand in shapes:
+        d_in = expand * d_model
+        x = rng.normal(size=(b, l, d_model)) * 2 + 0.5
+        norm_w = 1 + rng.normal(0, 0.3, d_model)
+        w_in, w_out = rng.normal(size=(2 * d_in, d_model)) / np.sqrt(d_model), rng.normal(size=(d_model, d_in))
+        eps = 1e-5 if b < 3 else 0.5
+        on = (f"random x {x.shape}, norm_weight ({d_model},), in_proj_weight {w_in.shape}, out_proj_weight "
+              f"{w_out.shape}, eps={eps}")
+        calls = []
+
+        def mix(u):
+            calls.append(np.shape(u))
+            return _check_mix(np.asarray(u, dtype=np.float64))
+
+        got = call(candidate, x.copy(), norm_w.copy(), w_in.copy(), mix, w_out.copy(), eps, on=on)
+        expected = _ref_residual_block(x, norm_w, w_in, _check_mix, w_out, eps)
+        expect(bool(calls), f"your block never called mix on {on}: the main branch goes through it")
+        expect(calls[0] == (b, l, d_in), f"mix got an input of shape {calls[0]} on {on}; the main branch is "
+                                         f"(b, l, d_inner) = {(b, l, d_in)}, one half of in_proj's output")
+        arr = _array(got, on, "block output")
+        if arr.shape == expected.shape:
+            args = (x, norm_w, w_in, _check_mix, w_out, eps)
+            for kind, message in [
+                (dict(residual=False), "the output lacks the residual: the block adds its input x back"),
+                (dict(normed_residual=True), "you added the normalised input back: the residual adds x itself, as "
+                                             "it came in"),
+                (dict(split="ru"), "the two halves of in_proj are swapped: the first is the main branch u, the "
+                                   "second the gate"),
+                (dict(gate="none"), "the gate is not passed through SiLU"),
+                (dict(gate="sigmoid"), "the gate is sigmoid(res); SiLU is res * sigmoid(res)")]:
+                variant = _ref_residual_block(*args, **kind)
+                expect(not (np.allclose(arr, variant) and not np.allclose(variant, expected)), f"{message} (on {on})")
+            if eps != 1e-5:
+                expect(not np.allclose(arr, _ref_residual_block(x, norm_w, w_in, _check_mix, w_out)),
+                       f"the normalisation ignores the eps it is given on {on}")
+        expect_close(got, expected, on=on, rtol=_RTOL, atol=_ATOL, what="block output")
 
 
 # ---- 5.4 Mamba against GPT ------------------------------------------------------------------------
