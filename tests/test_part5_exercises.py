@@ -588,7 +588,7 @@ for exercise_id, wrong, words in [
     ("5.1.4", recurrence_from_zero, ["ignore x0"]),
     ("5.1.4", recurrence_first_delta, ["the first delta"]),
     ("5.1.4", recurrence_simple_rule, ["simple rule"]),
-    ("5.1.4", recurrence_x0_as_input, ["x0"]),
+    ("5.1.4", recurrence_x0_as_input, ["expected output y", "x0=[8, -4]"]),
     ("5.1.1", bilinear_upside_down, ["upside down"]),
     ("5.1.1", bilinear_b_not_divided, ["divides it by 1 - delta A / 2"]),
     ("5.1.1", bilinear_by_zoh, ["zero-order hold of section 2"]),
@@ -917,3 +917,8 @@ def test_the_mistakes_of_5_3_5_are_named_apart_before_they_coincide():
     assert "tied" in check("5.3.5", count_parameters_untied).message
     assert "already a multiple of 8" in check("5.3.5", count_parameters_padded_past).message
     assert "rounded up, not down" in check("5.3.5", count_parameters_rank_floored).message
+
+
+def test_x0_fed_as_an_input_is_not_told_it_read_the_state_too_early():
+    message = check("5.1.4", recurrence_x0_as_input).message
+    assert "before the update" not in message and "x0=[8, -4]" in message, message

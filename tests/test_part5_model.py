@@ -321,8 +321,11 @@ def test_selective_is_a_documented_switch_whose_default_keeps_mamba():
     assert "selective" in MambaConfig(d_model=8, n_layer=1, vocab_size=10).to_dict()
     with pytest.raises(ValueError, match="MambaConfig: selective must be True or False"):
         MambaConfig(d_model=8, n_layer=1, vocab_size=10, selective="no")
-    # the default model is built exactly as before: the same draws, the same parameters
-    assert Mamba(TINY, seed=3).num_parameters() > Mamba(LTI, seed=3).num_parameters()
+    # without selection there is no x_proj and no dt_proj weight, but dt_bias (d_inner), B and C (d_state)
+    c = LTI
+    removed = c.d_inner * (c.dt_rank + 2 * c.d_state) + c.dt_rank * c.d_inner
+    added = c.d_inner + 2 * c.d_state - c.d_inner  # dt_bias replaces dt_proj.bias
+    assert Mamba(TINY, seed=3).num_parameters() - Mamba(LTI, seed=3).num_parameters() == c.n_layer * (removed - added)
 
 
 def test_checkpoint_of_the_model_without_selection_loads():
