@@ -16,6 +16,9 @@ gives the same logits as `forward` (tests/test_part5_model.py checks it).
 
 Parameter names are mamba-minimal's (`layers.0.mixer.in_proj.weight`, ...), so its state dicts,
 saved as NumPy arrays, load here by name, and the other way round.
+
+`MambaConfig(..., selective=False)` switches the selection off (lesson 5.4's ablation): delta, B and
+C become learned parameters, the same at every position, and the SSM is time-invariant.
 """
 
 import math
