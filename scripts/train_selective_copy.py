@@ -1,4 +1,5 @@
-"""Train a small Mamba and a GPT of about the same size on selective copying, for lesson 5.4.
+"""Train a small Mamba, the same Mamba without selection, and a GPT of about the same size on
+selective copying, for lesson 5.4.
 
     python scripts/train_selective_copy.py                # a few minutes on a 2-core CPU, one BLAS thread
     python scripts/train_selective_copy.py --iters 100    # a quick try (writes into the current folder)
@@ -13,8 +14,12 @@ learning rate LEARNING_RATE with warm-up and cosine decay, no weight decay, clip
 - Mamba: MambaConfig(d_model=48, n_layer=2, vocab_size=10), d_state 16, expand 2, d_conv 4.
 - GPT:   GPTConfig(vocab_size=10, block_size=36, n_layer=2, n_head=4, n_embd=40): about as many
          parameters (each checkpoint's meta says how many).
+- Mamba without selection (the Mamba paper's ablation, its Table 1): the same config with
+  selective=False, so delta, B and C are learned parameters, the same at every position
+  (time-invariant) instead of computed from each token. It has no x_proj and no dt_proj weight,
+  so fewer parameters.
 
-What is stored, for each model, in course/mamba/checkpoints/selective_copy_{mamba,gpt}.npz
+What is stored, for each model, in course/mamba/checkpoints/selective_copy_{mamba,gpt,mamba_lti}.npz
 (written by course.train.save_checkpoint, read with load_checkpoint(path) -> (model, meta)):
 the parameters and config, and in meta:
 - "task": the task's sizes, SelectiveCopying(**meta["task"]) rebuilds it;
@@ -54,8 +59,9 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "course" / "mamba" / "che
 
 
 def build(name, task):
-    if name == "mamba":
-        return Mamba(MambaConfig(d_model=48, n_layer=2, vocab_size=task.vocab_size), seed=0)
+    if name in ("mamba", "mamba_lti"):
+        config = MambaConfig(d_model=48, n_layer=2, vocab_size=task.vocab_size, selective=name == "mamba")
+        return Mamba(config, seed=0)
     return GPT(GPTConfig(vocab_size=task.vocab_size, block_size=task.seq_len, n_layer=2, n_head=4, n_embd=40), seed=0)
 
 
@@ -107,7 +113,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=ITERS)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--models", nargs="+", default=["mamba", "gpt"], choices=["mamba", "gpt"])
+    parser.add_argument("--models", nargs="+", default=["mamba", "gpt", "mamba_lti"],
+                        choices=["mamba", "gpt", "mamba_lti"])
     args = parser.parse_args()
     out_dir = args.out or (DEFAULT_OUT if args.iters == ITERS else Path("."))
     task = SelectiveCopying(**TASK)

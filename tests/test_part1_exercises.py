@@ -236,6 +236,8 @@ for exercise_id, wrong, words in [
     ("1.2.4", _library_order, ["write this yourself", "course.micrograd.topological_order"]),
     ("1.2.4", _library_order_itself(), ["library's own function"]),
     ("1.3.3", lambda ps, a: a * sum(p.data ** 2 for p in ps), ["expected a Value"]),
+    ("1.3.2", lambda s, y: sum((si.data >= 0) == (yi > 0) for si, yi in zip(s, y)) / len(y),
+     ["a score of 0 counted as positive"]),
     ("1.3.4", lambda ps, lr: [setattr(p, "data", p.data - lr * p.grad) or setattr(p, "grad", 0.0) for p in ps],
      ["should not change them"]),
 ]:
@@ -247,11 +249,17 @@ def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
     known_wrong.assert_fails_saying(exercise_id, wrong, words)
 
 
+def _dL_dx_in_float32(x):
+    t = np.tanh(np.float32(2) * np.float32(x) - np.float32(1))  # float32 throughout
+    return 4 * t * (1 - t * t)
+
+
 @pytest.mark.parametrize("exercise_id,right", [
     ("1.1.4", lambda x: float(2 * np.float32(math.tanh(2 * x - 1)) * (1 - np.float32(math.tanh(2 * x - 1)) ** 2) * 2)),
     ("1.2.1", lambda x, g: np.float32(math.exp(x)) * np.float32(g)),
     ("1.2.2", lambda a, b, g: tuple(np.float32(v) for v in pow_backward(a, b, g))),
-], ids=["1.1.4-float32", "1.2.1-float32", "1.2.2-float32"])
+    ("1.1.4", _dL_dx_in_float32),
+], ids=["1.1.4-float32", "1.2.1-float32", "1.2.2-float32", "1.1.4-all-float32"])
 def test_float32_answers_pass(exercise_id, right):
     result = check(exercise_id, right)
     assert result.status == "passed", result.message
@@ -305,6 +313,8 @@ def test_every_part1_exercise_is_tested_here():
 # ---- correct alternatives are accepted; typical mistakes get a message that says what is wrong ----
 
 def test_a_depth_first_order_also_passes_1_2_4():
+    # as the statement says: any valid order passes, the lesson's own depth-first search included;
+    # only the library's function is refused (KNOWN_WRONG)
     assert check("1.2.4", topological_order).status == "passed"
 
 

@@ -156,6 +156,14 @@ CASES = {
 # ----- more known-wrong answers: calling the library the exercise asks for, ignoring an argument ---
 
 
+def mean_backward_negative_axes_kept(x_shape, axis, g):
+    """Puts the averaged axes back one at a time, without first turning -1 into ndim - 1."""
+    axes = tuple(range(len(x_shape))) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    for a in sorted(axes):
+        g = np.expand_dims(g, a)
+    return np.broadcast_to(g, x_shape) / math.prod(x_shape[a] for a in axes)
+
+
 def mean_backward_by_autograd(x_shape, axis, g):
     from course.tensor import Tensor
 
@@ -292,6 +300,7 @@ for exercise_id, wrong, words in [
     ("2.3.4", dropout_global_random, ["seeded alike", "the rng you are given"]),
     ("2.3.4", dropout_not_random, ["not spread at random"]),
     ("2.3.4", dropout_by_library, ["write this yourself", "course.tensor.functional.dropout"]),
+    ("2.1.1", mean_backward_negative_axes_kept, ["axis=(-2, -1)"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))
 

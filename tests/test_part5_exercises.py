@@ -24,23 +24,27 @@ def forgot_return(*args, **kwargs):
 # ---- 5.1 right answers -------------------------------------------------------------------------------
 
 
-def discretize_zoh(A, B, delta):
-    safe = np.where(A == 0, 1.0, A)
-    factor = np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe))  # its limit, 1, where A = 0
-    return np.exp(delta * A), factor * delta * B
+def discretize_bilinear(A, B, delta):
+    inverse = 1 / (1 - delta * A / 2)
+    return inverse * (1 + delta * A / 2), inverse * delta * B
+
+
+def zoh(A, B, delta):
+    return np.exp(delta * A), np.expm1(delta * A) / (delta * A) * delta * B
 
 
 def discretize_mamba(delta, A, B, u):
     return np.exp(delta[..., None] * A), np.einsum("bld,bln->bldn", delta * u, B)
 
 
-def ssm_kernel(A_bar, B_bar, C, L):
-    return (A_bar[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
+def ssm_kernel_dense(A_bar, B_bar, C, L):
+    return np.array([C @ np.linalg.matrix_power(A_bar, j) @ B_bar for j in range(L)])
 
 
-def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
+def ssm_recurrence_varying(A, B, C, D, u, deltas, x0):
     x, y = x0, []
-    for u_k in u:
+    for u_k, delta in zip(u, deltas):
+        A_bar, B_bar = zoh(A, B, delta)
         x = A_bar * x + B_bar * u_k
         y.append(C @ x + D * u_k)
     return y, x  # a list is fine
@@ -49,13 +53,22 @@ def ssm_recurrence(A_bar, B_bar, C, D, u, x0):
 # ---- 5.1 wrong answers -------------------------------------------------------------------------------
 
 
-def zoh_simple_b(A, B, delta):
-    return np.exp(delta * A), delta * B
+def bilinear_euler(A, B, delta):
+    return 1 + delta * A, delta * B
 
 
-def zoh_nan_at_zero(A, B, delta):
-    A_bar = np.exp(delta * A)
-    return A_bar, (A_bar - 1) / (delta * A) * (delta * B)
+def bilinear_upside_down(A, B, delta):
+    A_bar, B_bar = discretize_bilinear(A, B, delta)
+    return 1 / A_bar, B_bar
+
+
+def bilinear_b_not_divided(A, B, delta):
+    return discretize_bilinear(A, B, delta)[0], delta * B
+
+
+def bilinear_by_zoh(A, B, delta):
+    safe = np.where(A == 0, 1.0, A)
+    return np.exp(delta * A), np.where(A == 0, 1.0, np.expm1(delta * safe) / (delta * safe)) * delta * B
 
 
 def mamba_with_zoh(delta, A, B, u):
@@ -65,23 +78,54 @@ def mamba_with_zoh(delta, A, B, u):
 
 
 def kernel_from_one(A_bar, B_bar, C, L):
-    return (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * B_bar)
+    return ssm_kernel_dense(A_bar, B_bar, C, L + 1)[1:]
 
 
-def recurrence_reads_old_state(A_bar, B_bar, C, D, u, x0):
+def kernel_entrywise_power(A_bar, B_bar, C, L):
+    return np.array([C @ (A_bar ** j) @ B_bar for j in range(L)])
+
+
+def kernel_transposed(A_bar, B_bar, C, L):
+    return np.array([B_bar @ np.linalg.matrix_power(A_bar, j) @ C for j in range(L)])
+
+
+def kernel_diagonal_only(A_bar, B_bar, C, L):  # the lesson's kernel, on the diagonal of A_bar
+    return (np.diag(A_bar)[None, :] ** np.arange(L)[:, None]) @ (C * B_bar)
+
+
+def recurrence_reads_old_state(A, B, C, D, u, deltas, x0):
     x, y = x0, []
-    for u_k in u:
+    for u_k, delta in zip(u, deltas):
+        A_bar, B_bar = zoh(A, B, delta)
         y.append(C @ x + D * u_k)
         x = A_bar * x + B_bar * u_k
     return np.array(y), x
 
 
-def recurrence_without_d(A_bar, B_bar, C, D, u, x0):
-    return ssm_recurrence(A_bar, B_bar, C, 0.0, u, x0)
+def recurrence_without_d(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, 0.0, u, deltas, x0)
 
 
-def recurrence_from_zero(A_bar, B_bar, C, D, u, x0):
-    return ssm_recurrence(A_bar, B_bar, C, D, u, np.zeros_like(x0))
+def recurrence_from_zero(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, D, u, deltas, np.zeros_like(x0))
+
+
+def recurrence_first_delta(A, B, C, D, u, deltas, x0):
+    return ssm_recurrence_varying(A, B, C, D, u, np.full(len(u), deltas[0]), x0)
+
+
+def recurrence_simple_rule(A, B, C, D, u, deltas, x0):
+    x, y = x0, []
+    for u_k, delta in zip(u, deltas):
+        x = np.exp(delta * A) * x + delta * B * u_k
+        y.append(C @ x + D * u_k)
+    return y, x
+
+
+def recurrence_x0_as_input(A, B, C, D, u, deltas, x0):
+    # x0 taken for an input written into a zero state before the first step
+    A_bar, B_bar = zoh(A, B, deltas[0])
+    return ssm_recurrence_varying(A, B, C, D, u, deltas, B_bar * x0)
 
 
 # ---- 5.2 right and wrong answers ------------------------------------------------------------------
@@ -279,6 +323,60 @@ def count_parameters_by_library(d_model, n_layer, vocab_size, d_state=16, expand
     return Mamba(config).num_parameters()
 
 
+def silu(z):
+    return z / (1 + np.exp(-z))
+
+
+def residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * silu(res)) @ out_proj_weight.T
+
+
+def block_without_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    return residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps) - x
+
+
+def block_normed_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    return block_without_residual(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps) + h
+
+
+def block_halves_swapped(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    res, u = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * silu(res)) @ out_proj_weight.T
+
+
+def block_gate_without_silu(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) * res) @ out_proj_weight.T
+
+
+def block_gate_sigmoid(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    u, res = np.split(h @ in_proj_weight.T, 2, axis=-1)
+    return x + (mix(u) / (1 + np.exp(-res))) @ out_proj_weight.T
+
+
+def block_mix_on_everything(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    h = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * norm_weight
+    both = mix(h @ in_proj_weight.T)
+    u, res = np.split(both, 2, axis=-1)
+    return x + (u * silu(res)) @ out_proj_weight.T
+
+
+def block_eps_ignored(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    return residual_block_forward(x, norm_weight, in_proj_weight, mix, out_proj_weight)
+
+
+def block_by_library(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    from course.mamba import MambaConfig, ResidualBlock
+    layer = ResidualBlock(MambaConfig(x.shape[-1], 1, 10), np.random.default_rng(0))
+    return layer(x).data
+
+
 # ---- 5.4 right and wrong answers ------------------------------------------------------------------
 
 
@@ -334,10 +432,10 @@ def gpt_width_any(n_params, vocab_size, block_size, n_layer, n_head):
 
 
 CASES = [
-    ("5.1.1", discretize_zoh, zoh_simple_b, "simple rule"),
+    ("5.1.1", discretize_bilinear, bilinear_euler, "Euler's rule"),
     ("5.1.2", discretize_mamba, mamba_with_zoh, "zero-order-hold factor"),
-    ("5.1.3", ssm_kernel, kernel_from_one, "starts at A_bar**1"),
-    ("5.1.4", ssm_recurrence, recurrence_reads_old_state, "before the update"),
+    ("5.1.3", ssm_kernel_dense, kernel_entrywise_power, "each entry to the power j"),
+    ("5.1.4", ssm_recurrence_varying, recurrence_reads_old_state, "before the update"),
     ("5.2.1", combine_affine, combine_affine_wrong_order, "wrong order"),
     ("5.2.2", scan_step, scan_step_old_state, "old state"),
     ("5.2.3", selective_scan_from, selective_scan_without_d, "skip term"),
@@ -347,6 +445,7 @@ CASES = [
     ("5.3.3", conv_step, conv_step_state_stays, "did not move on"),
     ("5.3.4", ssm_parameters, ssm_parameters_no_softplus, "softplus"),
     ("5.3.5", count_parameters, count_parameters_untied, "tied"),
+    ("5.3.6", residual_block_forward, block_without_residual, "lacks the residual"),
     ("5.4.1", masked_accuracy, masked_accuracy_all_positions, "every position"),
     ("5.4.2", sequence_accuracy, sequence_accuracy_per_token, "all its answers"),
     ("5.4.3", gpt_width, gpt_width_no_biases, "expected n_embd="),
@@ -395,11 +494,107 @@ def rms_norm_backward_by_autograd(x, weight, grad, eps=1e-5):
     return xt.grad, wt.grad
 
 
+def selective_scan_by_private_kernel(u, delta, A, B, C, D, h0):
+    from course.mamba import scan
+    b, l, d = u.shape
+    a = np.exp(delta[..., None] * A)
+    h = np.empty((b, l + 1, d, A.shape[1]))
+    h[:, 0] = h0
+    y = np.empty_like(u)
+    scan._fast_forward_kernel(u, delta, B, C, D, a, y, h)
+    return y, h[:, -1]
+
+
+def finite_differences(f, a, grad, h=1e-6):
+    """d sum(f() * grad) / d a by central differences, with a step relative to each entry (the careful kind)."""
+    out = np.zeros(a.shape)
+    for idx in np.ndindex(*a.shape):
+        old = a[idx]
+        step = h * max(1.0, abs(old))
+        a[idx] = old + step
+        plus = f()
+        a[idx] = old - step
+        minus = f()
+        a[idx] = old
+        out[idx] = ((plus - minus) * grad).sum() / (2 * step)
+    return out
+
+
+def rms_norm_backward_by_finite_differences(x, weight, grad, eps=1e-5):
+    x, weight = np.array(x, dtype=float), np.array(weight, dtype=float)
+
+    def forward():
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+    return finite_differences(forward, x, grad), finite_differences(forward, weight, grad)
+
+
+def rms_norm_backward_by_numerical_gradient(x, weight, grad, eps=1e-5):
+    from course.tensor import numerical_gradient
+
+    def loss(x, weight):
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight * grad).sum()
+
+    arrays = [np.array(x, dtype=float), np.array(weight, dtype=float)]
+    return numerical_gradient(loss, arrays, 0), numerical_gradient(loss, arrays, 1)
+
+
+def causal_conv1d_backward_by_finite_differences(x, weight, grad):
+    x, weight = np.array(x, dtype=float), np.array(weight, dtype=float)
+    return (finite_differences(lambda: causal_conv1d(x, weight, 0.0), x, grad, h=1e-5),
+            finite_differences(lambda: causal_conv1d(x, weight, 0.0), weight, grad, h=1e-5))
+
+
+def count_parameters_plus_half(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + 0.5
+
+
+def count_parameters_rank_floored(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    d, r = expand * d_model, -(-d_model // 16)
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) - n_layer * 2 * d * (
+        r - d_model // 16)
+
+
+def count_parameters_padded_past(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
+    extra = (vocab_size // 8 + 1) * 8 - (-(-vocab_size // 8) * 8)  # 8 more rows when vocab_size is a multiple
+    return count_parameters(d_model, n_layer, vocab_size, d_state, expand, d_conv) + extra * d_model
+
+
+def masked_accuracy_per_row(logits, targets, vocab_size):
+    right = logits[..., :vocab_size].argmax(-1) == targets
+    keep = targets != -1
+    return np.mean([right[i][keep[i]].mean() for i in range(len(targets)) if keep[i].any()])
+
+
+def sequence_accuracy_with_padding(logits, targets, vocab_size):
+    right = (logits.argmax(-1) == targets) | (targets == -1)
+    return right.all(axis=-1).mean()
+
+
+def gpt_width_rounded_root(n_params, vocab_size, block_size, n_layer, n_head):
+    a, b = 12 * n_layer, 2 * vocab_size + block_size + 13 * n_layer + 2
+    root = (-b + math.sqrt(b * b + 4 * a * n_params)) / (2 * a)
+    return max(n_head, round(root / n_head) * n_head)
+
+
+def gpt_width_larger_on_tie(n_params, vocab_size, block_size, n_layer, n_head):
+    widths = range(n_head, 4096, n_head)
+    return min(widths, key=lambda C: (abs(gpt_count(vocab_size, block_size, n_layer, C) - n_params), -C))
+
+
 KNOWN_WRONG = {exercise_id: [(wrong, [named])] for exercise_id, _, wrong, named in CASES}
 for exercise_id, wrong, words in [
     ("5.1.4", recurrence_without_d, ["skip term"]),
     ("5.1.4", recurrence_from_zero, ["ignore x0"]),
-    ("5.1.1", zoh_nan_at_zero, ["nan where A = 0"]),
+    ("5.1.4", recurrence_first_delta, ["the first delta"]),
+    ("5.1.4", recurrence_simple_rule, ["simple rule"]),
+    ("5.1.4", recurrence_x0_as_input, ["expected output y", "x0=[8, -4]"]),
+    ("5.1.1", bilinear_upside_down, ["upside down"]),
+    ("5.1.1", bilinear_b_not_divided, ["divides it by 1 - delta A / 2"]),
+    ("5.1.1", bilinear_by_zoh, ["zero-order hold of section 2"]),
+    ("5.1.3", kernel_from_one, ["starts at A_bar**1"]),
+    ("5.1.3", kernel_transposed, ["transposed"]),
+    ("5.1.3", kernel_diagonal_only, ["the matrix j times"]),
     ("5.2.1", combine_affine_offset_wrong, ["second applied first"]),
     ("5.2.3", selective_scan_from_zero, ["zero state"]),
     ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), ["deltaA"]),
@@ -421,6 +616,24 @@ for exercise_id, wrong, words in [
     ("5.3.1", rms_norm_backward_eps_ignored, ["ignores the eps"]),
     ("5.4.2", sequence_accuracy_counting_blanks, ["without a target"]),
     ("5.4.2", sequence_accuracy_partial_credit, ["all its answers are right"]),
+    ("5.3.6", block_normed_residual, ["normalised input back"]),
+    ("5.3.6", block_halves_swapped, ["swapped"]),
+    ("5.3.6", block_gate_without_silu, ["not passed through SiLU"]),
+    ("5.3.6", block_gate_sigmoid, ["res * sigmoid(res)"]),
+    ("5.3.6", block_mix_on_everything, ["mix got an input of shape"]),
+    ("5.3.6", block_eps_ignored, ["ignores the eps"]),
+    ("5.3.6", block_by_library, ["write this yourself", "course.mamba.ResidualBlock"]),
+    ("5.2.3", selective_scan_by_private_kernel, ["write this yourself", "course.mamba.scan._fast_forward_kernel"]),
+    ("5.3.1", rms_norm_backward_by_finite_differences, ["finite difference", "worked out by hand"]),
+    ("5.3.1", rms_norm_backward_by_numerical_gradient, ["write this yourself", "numerical_gradient"]),
+    ("5.3.2", causal_conv1d_backward_by_finite_differences, ["finite difference", "worked out by hand"]),
+    ("5.3.5", count_parameters_plus_half, ["whole number"]),
+    ("5.3.5", count_parameters_rank_floored, ["rounded up, not down"]),
+    ("5.3.5", count_parameters_padded_past, ["already a multiple of 8"]),
+    ("5.4.1", masked_accuracy_per_row, ["averaged the rows"]),
+    ("5.4.2", sequence_accuracy_with_padding, ["padding id"]),
+    ("5.4.3", gpt_width_rounded_root, ["rounded to a multiple of n_head", "n_params=143,505"]),
+    ("5.4.3", gpt_width_larger_on_tie, ["on a tie"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))
 
@@ -434,11 +647,11 @@ def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
 
 
 # 5.1.1 loop, python floats, list outputs
-def zoh_loop(A, B, delta):
+def bilinear_loop(A, B, delta):
     Ab, Bb = [], []
     for a, b in zip(A, B):
-        Ab.append(math.exp(delta * a))
-        Bb.append(delta * b if a == 0 else (math.exp(delta * a) - 1) / a * b)
+        Ab.append((2 + delta * a) / (2 - delta * a))
+        Bb.append(2 * delta * b / (2 - delta * a))
     return Ab, Bb
 
 
@@ -450,23 +663,24 @@ def mamba32(delta, A, B, u):
             (d * u).astype(np.float32).reshape(b, l, di, 1) * B.astype(np.float32).reshape(b, l, 1, -1))
 
 
-# 5.1.3 loop with running power
+# 5.1.3 loop with a running row vector C A_bar^j
 def kernel_loop(A_bar, B_bar, C, L):
-    K, p = [], np.ones_like(A_bar)
+    K, row = [], np.array(C, dtype=float)
     for _ in range(L):
-        K.append(float(np.sum(C * p * B_bar)))
-        p = p * A_bar
+        K.append(float(row @ B_bar))
+        row = row @ A_bar
     return K
 
 
-# 5.1.4 vectorised via kernel + x0 decay
-def rec_vec(A_bar, B_bar, C, D, u, x0):
-    L = len(u)
-    powers = A_bar[None, :] ** np.arange(L)[:, None]
-    K = powers @ (C * B_bar)
-    y = np.convolve(u, K)[:L] + D * u + (A_bar[None, :] ** np.arange(1, L + 1)[:, None]) @ (C * x0)
-    x_last = (powers[::-1] * B_bar * u[:, None]).sum(0) + A_bar ** L * x0
-    return y, x_last
+# 5.1.4 the whole sequence of decays at once, then the loop, math-module floats for the factor
+def rec_vec(A, B, C, D, u, deltas, x0):
+    A_bars = np.exp(np.outer(deltas, A))  # (L, n)
+    B_bars = np.array([[math.expm1(d * a) / a * b for a, b in zip(A, B)] for d in deltas])
+    x, y = np.array(x0, dtype=float), np.empty(len(u))
+    for k in range(len(u)):
+        x = A_bars[k] * x + B_bars[k] * u[k]
+        y[k] = C @ x
+    return y + D * u, x
 
 
 # 5.2.1 einsum, list return
@@ -567,6 +781,17 @@ def count2(d_model, n_layer, vocab_size, d_state=16, expand=2, d_conv=4):
     return np.int64(n_layer * sum(mods) + V * E + E)
 
 
+# 5.3.6 the gate by its definition, z sigmoid(z), halves by slicing, the residual first
+def block_loop(x, norm_weight, in_proj_weight, mix, out_proj_weight, eps=1e-5):
+    out = x.copy()
+    h = x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + eps) * norm_weight
+    both = np.einsum("bld,ed->ble", h, in_proj_weight)
+    d_in = both.shape[-1] // 2
+    gate = both[..., d_in:] * (1 / (1 + np.exp(-both[..., d_in:])))
+    out += np.einsum("ble,de->bld", mix(both[..., :d_in]) * gate, out_proj_weight)
+    return out
+
+
 # 5.4.1 loop
 def macc_loop(logits, targets, vocab_size):
     right = total = 0
@@ -607,16 +832,16 @@ def in_float32(fn):
 
 
 OTHER_RIGHT = [
-    ("5.1.1", zoh_loop), ("5.1.2", mamba32), ("5.1.3", kernel_loop), ("5.1.4", rec_vec),
+    ("5.1.1", bilinear_loop), ("5.1.2", mamba32), ("5.1.3", kernel_loop), ("5.1.4", rec_vec),
     ("5.2.1", comb_einsum), ("5.2.2", step_loop), ("5.2.3", scan_prealloc), ("5.2.4", par_scan2),
     ("5.3.1", rms_bw_loop), ("5.3.2", conv_bw_loop), ("5.3.3", conv_step_roll), ("5.3.4", ssm_params2),
-    ("5.3.5", count2), ("5.4.1", macc_loop), ("5.4.2", seqacc_loop), ("5.4.3", width2),
-    ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_zoh(A, B, d))),
-    ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel(A_bar, B_bar, C, L))),
+    ("5.3.5", count2), ("5.3.6", block_loop), ("5.4.1", macc_loop), ("5.4.2", seqacc_loop), ("5.4.3", width2),
+    ("5.1.1", lambda A, B, d: tuple(np.float32(v) for v in discretize_bilinear(A, B, d))),
+    ("5.1.3", lambda A_bar, B_bar, C, L: list(ssm_kernel_dense(A_bar, B_bar, C, L))),
 ] + [(i, in_float32(f)) for i, f in [
-    ("5.1.4", ssm_recurrence), ("5.2.1", combine_affine), ("5.2.2", scan_step), ("5.2.3", selective_scan_from),
+    ("5.1.4", ssm_recurrence_varying), ("5.1.3", ssm_kernel_dense), ("5.2.1", combine_affine), ("5.2.2", scan_step), ("5.2.3", selective_scan_from),
     ("5.2.4", parallel_scan), ("5.3.1", rms_norm_backward), ("5.3.2", causal_conv1d_backward), ("5.3.3", conv_step),
-    ("5.3.4", ssm_parameters), ("5.4.1", masked_accuracy), ("5.4.2", sequence_accuracy)]]
+    ("5.3.4", ssm_parameters), ("5.3.6", residual_block_forward), ("5.4.1", masked_accuracy), ("5.4.2", sequence_accuracy)]]
 
 
 @pytest.mark.parametrize("exercise_id,candidate", OTHER_RIGHT, ids=[f"{i}-{n}" for n, (i, _) in enumerate(OTHER_RIGHT)])
@@ -672,3 +897,28 @@ def test_the_backward_references_of_5_3_agree_with_finite_differences():
                 a[idx] = old
                 numeric[idx] = (plus - minus) / 2e-6
             assert np.allclose(ref[i], numeric, rtol=1e-5, atol=1e-8)
+
+
+def test_every_forward_of_the_scan_module_is_refused_in_5_2_3():
+    # a learner finds the private functions with dir(course.mamba.scan): every one that computes the
+    # scan's output is on the forbid list of the exercises that ask for a scan
+    import inspect
+
+    from course.exercises import part5
+    from course.mamba import scan
+    forwards = {f"course.mamba.scan.{name}" for name, obj in vars(scan).items()
+                if "forward" in name and (inspect.isfunction(obj) or hasattr(obj, "py_func"))}
+    assert forwards and forwards <= set(part5._SCANS), forwards - set(part5._SCANS)
+
+
+def test_the_mistakes_of_5_3_5_are_named_apart_before_they_coincide():
+    # vocab_size=8, d_model=16: an untied head and 8 rows of padding too many give the same count;
+    # an earlier case tells them apart, so each gets its own message
+    assert "tied" in check("5.3.5", count_parameters_untied).message
+    assert "already a multiple of 8" in check("5.3.5", count_parameters_padded_past).message
+    assert "rounded up, not down" in check("5.3.5", count_parameters_rank_floored).message
+
+
+def test_x0_fed_as_an_input_is_not_told_it_read_the_state_too_early():
+    message = check("5.1.4", recurrence_x0_as_input).message
+    assert "before the update" not in message and "x0=[8, -4]" in message, message

@@ -5,7 +5,7 @@ import pytest
 
 import course.tensor.functional as F
 from course.mamba import METHODS, Mamba, MambaConfig, MambaState, selective_scan
-from course.tensor import dispatch
+from course.tensor import Tensor, dispatch
 from course.tensor.gradcheck import numerical_gradient
 from course.train import load_checkpoint, save_checkpoint
 
@@ -265,3 +265,89 @@ def test_load_state_dict_names_what_does_not_fit():
         Mamba(TINY).load_state_dict(untied)
     with pytest.raises(TypeError, match="config must be a MambaConfig"):
         Mamba({"d_model": 8})
+
+
+# ----- selectivity switched off (lesson 5.4's ablation) -------------------------------------------------
+LTI = MambaConfig(d_model=8, n_layer=2, vocab_size=11, d_state=3, d_conv=3, selective=False)
+
+
+def test_a_model_without_selection_has_the_same_delta_b_c_for_every_input():
+    model = perturbed(LTI)
+    mixer = model.layers[0].mixer
+    assert not hasattr(mixer, "x_proj") and not hasattr(mixer, "dt_proj")
+    names = {n for n, _ in model.named_parameters()}
+    assert {"layers.0.mixer.dt_bias", "layers.0.mixer.B", "layers.0.mixer.C"} <= names
+    rng = np.random.default_rng(0)
+    first = [t.data for t in mixer.ssm_parameters(Tensor(rng.normal(size=(2, 5, LTI.d_inner))))]
+    second = [t.data for t in mixer.ssm_parameters(Tensor(rng.normal(size=(2, 5, LTI.d_inner))))]
+    for a, b in zip(first, second):
+        assert np.array_equal(a, b)
+    delta = first[0]
+    assert np.array_equal(delta, np.broadcast_to(delta[0, 0], delta.shape))  # the same at every position
+    # the selective model's are computed from the input
+    selective = perturbed().layers[0].mixer
+    x = rng.normal(size=(2, 5, TINY.d_inner))
+    assert not np.allclose(selective.ssm_parameters(Tensor(x))[0].data, selective.ssm_parameters(Tensor(x + 1))[0].data)
+
+
+def test_a_model_without_selection_steps_as_it_runs_and_its_gradients_are_right():
+    model = perturbed(LTI)
+    rng = np.random.default_rng(2)
+    ids, targets = rng.integers(0, LTI.vocab_size, (2, 5)), rng.integers(0, LTI.vocab_size, (2, 5))
+    full = model(ids).data
+    state = model.init_state(2)
+    for t in range(5):
+        logits, state = model.step(ids[:, t], state)
+        assert np.allclose(logits, full[:, t], atol=1e-10)
+    model.zero_grad()
+    F.cross_entropy(model(ids), targets).backward()
+    for name in ("layers.0.mixer.dt_bias", "layers.1.mixer.B", "layers.0.mixer.C"):
+        p = dict(model.named_parameters())[name]
+        flat = p.data.reshape(-1)
+
+        def f(v):
+            old = flat[0]
+            flat[0] = v[0]
+            try:
+                return float(F.cross_entropy(model(ids), targets).data)
+            finally:
+                flat[0] = old
+        expected = numerical_gradient(f, [np.array([flat[0]])], 0, eps=1e-6)[0]
+        assert p.grad.reshape(-1)[0] == pytest.approx(expected, rel=1e-5, abs=1e-8), name
+
+
+def test_selective_is_a_documented_switch_whose_default_keeps_mamba():
+    assert MambaConfig(d_model=8, n_layer=1, vocab_size=10).selective is True
+    assert "selective" in MambaConfig(d_model=8, n_layer=1, vocab_size=10).to_dict()
+    with pytest.raises(ValueError, match="MambaConfig: selective must be True or False"):
+        MambaConfig(d_model=8, n_layer=1, vocab_size=10, selective="no")
+    # without selection there is no x_proj and no dt_proj weight, but dt_bias (d_inner), B and C (d_state)
+    c = LTI
+    removed = c.d_inner * (c.dt_rank + 2 * c.d_state) + c.dt_rank * c.d_inner
+    added = c.d_inner + 2 * c.d_state - c.d_inner  # dt_bias replaces dt_proj.bias
+    assert Mamba(TINY, seed=3).num_parameters() - Mamba(LTI, seed=3).num_parameters() == c.n_layer * (removed - added)
+
+
+def test_checkpoint_of_the_model_without_selection_loads():
+    from course.mamba import CHECKPOINTS
+    model, meta = load_checkpoint(CHECKPOINTS / "selective_copy_mamba_lti.npz")
+    assert model.config.selective is False and meta["parameters"] == model.num_parameters()
+
+
+# ----- misuse -------------------------------------------------------------------------------------------
+def test_step_with_another_models_state_names_the_mismatch():
+    other = Mamba(MambaConfig(d_model=16, n_layer=2, vocab_size=11, d_state=3, d_conv=3))
+    with pytest.raises(ValueError, match=r"the state does not fit this model: layer 0 .*another model's init_state"):
+        Mamba(TINY).step(np.zeros(1, dtype=int), other.init_state(1))
+    wider = Mamba(MambaConfig(d_model=8, n_layer=2, vocab_size=11, d_state=5, d_conv=3))
+    with pytest.raises(ValueError, match=r"d_state=3"):
+        Mamba(TINY).step(np.zeros(1, dtype=int), wider.init_state(1))
+
+
+def test_float16_model_with_the_fast_scan_says_what_to_do():
+    model = Mamba(TINY).astype(np.float16)
+    ids = np.zeros((1, 3), dtype=int)
+    with pytest.raises(TypeError, match=r"method 'fast' .* not float16.*scan_method = 'sequential'"):
+        model(ids)
+    model.scan_method = "sequential"
+    assert model(ids).dtype == np.float16

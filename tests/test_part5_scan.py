@@ -211,3 +211,17 @@ def test_arrays_where_tensors_belong_and_mismatched_recurrences_are_named():
         causal_conv1d(Tensor(np.ones((1, 5, 3))), np.ones((3, 4)))
     with pytest.raises(ValueError, match=r"linear_recurrence: a \(1, 3\) and b \(1, 4\) must have the same shape"):
         linear_recurrence(np.ones((1, 3)), np.ones((1, 4)))
+
+
+def test_the_fast_scan_warns_on_overflow_as_the_numpy_methods_do():
+    # A > 0: exp(delta A) > 1 and the state grows until it overflows; NumPy warns for the other methods
+    rng = np.random.default_rng(0)
+    u, delta, _, B, C, D = scan_inputs(rng, b=1, l=400, d=2, n=3)
+    A = np.full((2, 3), 2.0)
+    delta = np.ones_like(delta)
+    for method in METHODS:
+        with pytest.warns(RuntimeWarning, match="overflow"):
+            y = selective_scan(u, delta, A, B, C, D, method=method)
+        assert not np.isfinite(y).all()
+    with pytest.warns(RuntimeWarning, match="A has positive entries"):
+        selective_scan(u, delta, A, B, C, D, method="fast")

@@ -41,7 +41,10 @@ def _mean_backward(x_shape, axis, g):
           answer_hint="np.broadcast_to(np.expand_dims(g, axes), x_shape) / (the number of elements averaged "
                       "together), with axes the averaged axes (all of them for None)", **_BY_HAND)
 def _(candidate, rng):
-    cases = [((4, 3), 0), ((4, 3), 1), ((4, 3), None), ((2, 3, 4), (0, 2)), ((2, 3, 4), -1), ((5,), 0)]
+    # negative axes in a tuple too: expanding g at -2, then at -1, without first turning them into
+    # 1 and 2, puts the axes back in the wrong places
+    cases = [((4, 3), 0), ((4, 3), 1), ((4, 3), None), ((2, 3, 4), (0, 2)), ((2, 3, 4), -1), ((5,), 0),
+             ((2, 3, 4), (-2, -1)), ((2, 3, 4, 5), (-3, -1))]
     for _ in range(3):
         shape = tuple(int(n) for n in rng.integers(1, 5, size=rng.integers(1, 4)))
         cases.append((shape, int(rng.integers(-len(shape), len(shape)))))

@@ -126,10 +126,15 @@ def _(candidate, rng):
              (np.array([[[1000.0, 0.0], [0.0, 1000.0]]]), np.array([[1, 1]]),
               "large logits [[[1000, 0], [0, 1000]]], targets [[1, 1]]"),
              (rng.normal(size=(2, 5, 7)) * 3, np.array([[1, -1, 2, -1, 6], [0, 0, -1, 3, 4]]),
-              "random logits (2, 5, 7) with some targets -1")]
+              "random logits (2, 5, 7) with some targets -1"),
+             (np.array([[[1000.0, 999.0, 0.0], [-1000.0, -1001.0, -1002.0]]]), np.array([[1, 0]]),
+              "rows of very different scales [[[1000, 999, 0], [-1000, -1001, -1002]]], targets [[1, 0]]")]
     for logits, targets, on in cases:
         got = call(candidate, logits.copy(), targets.copy(), on=on)
         arr = np.asarray(got, dtype=np.float64) if np.ndim(got) == 0 else None
+        if arr is not None and not np.isfinite(arr) and "different scales" in on:
+            raise CheckFailed(f"the loss is {float(arr)} on {on}: one max for the whole array leaves a row far below "
+                              f"it as log(0); subtract each row's own max")
         if arr is not None and not np.isfinite(arr):
             raise CheckFailed(f"the loss is {float(arr)} on {on}: subtract the row max before np.exp")
         expect_close(got, _ref_ce(logits, targets), on=on, rtol=1e-6, atol=1e-9, what="loss")

@@ -189,11 +189,17 @@ def _(candidate, rng):
              (np.array([[1000.0, 1001.0, -1000.0, 5.0]]), np.zeros((1, 4), dtype=bool),
               "[[1000, 1001, -1000, 5]] (large scores), nothing masked"),
              (rng.normal(size=(4, 4)) * 3, _ref_mask(4), "random (4, 4), causal mask"),
-             (rng.normal(size=(2, 3, 5, 5)), _ref_mask(5), "random (2, 3, 5, 5), causal mask (5, 5) broadcast")]
+             (rng.normal(size=(2, 3, 5, 5)), _ref_mask(5), "random (2, 3, 5, 5), causal mask (5, 5) broadcast"),
+             (np.array([[1000.0, 999.0, 0.0], [-1000.0, -1001.0, -2000.0]]),
+              np.array([[False, False, False], [False, False, True]]),
+              "rows of very different scales [[1000, 999, 0], [-1000, -1001, -2000]], -2000 masked")]
     for scores, mask, on in cases:
         got = call(candidate, scores.copy(), mask.copy(), on=on)
         expected = _ref_softmax(scores, mask)
         arr = np.asarray(got, dtype=np.float64)
+        if arr.shape == expected.shape and not np.all(np.isfinite(arr)) and "different scales" in on:
+            raise CheckFailed(f"the result holds nan or inf on {on}: one max for the whole array leaves a row far "
+                              f"below it as 0/0; subtract each row's own max")
         if arr.shape == expected.shape and not np.all(np.isfinite(arr)):
             raise CheckFailed(f"the result holds nan or inf on {on}: subtract the row max before np.exp")
         expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)

@@ -16,6 +16,9 @@ gives the same logits as `forward` (tests/test_part5_model.py checks it).
 
 Parameter names are mamba-minimal's (`layers.0.mixer.in_proj.weight`, ...), so its state dicts,
 saved as NumPy arrays, load here by name, and the other way round.
+
+`MambaConfig(..., selective=False)` switches the selection off (lesson 5.4's ablation): delta, B and
+C become learned parameters, the same at every position, and the SSM is time-invariant.
 """
 
 import math
@@ -45,6 +48,11 @@ class MambaConfig:
     expand: int = 2  # d_inner = expand * d_model channels inside a block
     dt_rank: object = "auto"  # the rank of delta's projection; "auto": ceil(d_model / 16)
     d_conv: int = 4  # taps of the causal convolution
+    # True: delta, B and C are computed from each token (Mamba's selection, the paper's S6). False:
+    # they are parameters, the same at every position for every input (a time-invariant SSM, the
+    # paper's S4 row of its Table 1): the block has no x_proj and no dt_proj weight, but learned
+    # dt_bias (d_inner,), B and C (d_state,). Lesson 5.4 trains both on the same task.
+    selective: bool = True
 
     def __post_init__(self):
         for name in ("d_model", "n_layer", "vocab_size", "d_state", "expand", "d_conv"):
@@ -57,6 +65,9 @@ class MambaConfig:
         elif isinstance(self.dt_rank, bool) or not isinstance(self.dt_rank, (int, np.integer)) or self.dt_rank < 1:
             raise ValueError(f"MambaConfig: dt_rank must be a positive integer or 'auto', got {self.dt_rank!r}")
         self.dt_rank = int(self.dt_rank)
+        if not isinstance(self.selective, (bool, np.bool_)):
+            raise ValueError(f"MambaConfig: selective must be True or False, got {self.selective!r}")
+        self.selective = bool(self.selective)
 
     @property
     def d_inner(self):
@@ -117,16 +128,23 @@ class MambaBlock(nn.Module):
         self.config = c
         self.in_proj = nn.Linear(c.d_model, 2 * d_in, bias=False, rng=rng)
         self.conv1d = CausalConv1d(d_in, c.d_conv, rng)
-        self.x_proj = nn.Linear(d_in, r + 2 * n, bias=False, rng=rng)
-        self.dt_proj = nn.Linear(r, d_in, bias=True, rng=rng)
+        if c.selective:
+            self.x_proj = nn.Linear(d_in, r + 2 * n, bias=False, rng=rng)
+            self.dt_proj = nn.Linear(r, d_in, bias=True, rng=rng)
         # delta = softplus(dt_proj(...)) should start between 0.001 and 0.1 (log-uniformly): small
         # steps remember long, large steps forget fast, and the channels begin with a spread of both.
         # The bias is softplus's inverse of such a delta (so a zero input gives exactly it); the
         # weight is uniform in +-dt_rank^-0.5. This is the official Mamba's initialisation.
         std = r ** -0.5
-        self.dt_proj.weight.data = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
+        dt_weight = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
-        self.dt_proj.bias.data = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
+        dt_bias = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
+        if c.selective:
+            self.dt_proj.weight.data, self.dt_proj.bias.data = dt_weight, dt_bias
+        else:  # the same starting steps; B = 1 and C ~ N(0, 1/n), as S4D initialises them
+            self.dt_bias = nn.Parameter(dt_bias)
+            self.B = nn.Parameter(np.ones(n, dtype=np.float32))
+            self.C = nn.Parameter(rng.normal(0.0, n ** -0.5, n).astype(np.float32))
         # A = -exp(A_log) = -(1, 2, ..., n) in every channel: state i decays at rate i, a range of
         # memories from long to short (S4D-Real). Stored as a log so that A stays negative: h stays bounded.
         self.A_log = nn.Parameter(np.log(np.tile(np.arange(1, n + 1, dtype=np.float32), (d_in, 1))))
@@ -144,13 +162,17 @@ class MambaBlock(nn.Module):
         return self.out_proj(y * F.silu(res))
 
     def ssm_parameters(self, u):
-        """delta (b, l, d_in), A (d_in, n), B and C (b, l, n) for the input u: all but A depend on u."""
+        """delta (b, l, d_in), A (d_in, n), B and C (b, l, n) for the input u: all but A depend on u
+        (unless config.selective is False: then none does)."""
         c = self.config
         r, n = c.dt_rank, c.d_state
+        A = -self.A_log.exp()
+        if not c.selective:  # the same delta, B and C at every position, whatever the input
+            ones = Tensor(np.ones(u.shape[:2] + (1,), dtype=u.dtype))  # (b, l, 1): broadcast over time
+            return ones * F.softplus(self.dt_bias), A, ones * self.B, ones * self.C
         x_dbl = self.x_proj(u)  # (b, l, dt_rank + 2n): one matrix product, then cut in three
         delta = F.softplus(self.dt_proj(x_dbl[..., :r]))
         B, C = x_dbl[..., r:r + n], x_dbl[..., r + n:]
-        A = -self.A_log.exp()
         return delta, A, B, C
 
     def ssm(self, u, method="fast"):
@@ -299,6 +321,14 @@ class Mamba(nn.Module):
             raise ValueError(f"Mamba.step: the state holds {state.batch_size} sequences of {len(state.ssm)} layers, "
                              f"but {len(ids)} token ids were given to a model of {self.config.n_layer} layers "
                              f"(make one with init_state({len(ids)}))")
+        c, B = self.config, len(ids)
+        for i, (conv_i, ssm_i) in enumerate(zip(state.conv, state.ssm)):
+            want_conv, want_ssm = (B, c.d_conv - 1, c.d_inner), (B, c.d_inner, c.d_state)
+            if np.shape(conv_i) != want_conv or np.shape(ssm_i) != want_ssm:
+                raise ValueError(f"Mamba.step: the state does not fit this model: layer {i} holds a convolution state "
+                                 f"{np.shape(conv_i)} and an SSM state {np.shape(ssm_i)}, this model needs {want_conv} "
+                                 f"and {want_ssm} (d_conv={c.d_conv}, d_inner={c.d_inner}, d_state={c.d_state}): "
+                                 f"was it made by another model's init_state?")
         conv, ssm = [], []
         with no_grad():
             x = self.embedding(ids[:, None])  # (B, 1, d_model): a sequence of one token

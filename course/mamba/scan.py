@@ -30,6 +30,8 @@ and from dh_t every input's gradient follows locally (see `_gradients_from_state
 `selective_scan` is a dispatch point: part 6 swaps a kernel in for it (see course.tensor.dispatch).
 """
 
+import warnings
+
 import numpy as np
 from numba import njit
 
@@ -242,6 +244,13 @@ def _fast_forward(u, delta, A, B, C, D):
     h[:, 0] = 0
     D_ = np.zeros(d, dtype=u.dtype) if D is None else D
     _fast_forward_kernel(u, delta, B, C, D_, a, y, h)
+    # Compiled loops raise no floating-point warnings: say what NumPy says for the other methods when
+    # the state overflows (A > 0 makes exp(delta A) > 1, and the state grows at every step).
+    if not np.isfinite(y).all() and all(np.isfinite(x).all() for x in (u, delta, A, B, C, D_)):
+        growing = " (A has positive entries: exp(delta A) > 1 makes the state grow at every step)" \
+            if (A > 0).any() else ""
+        warnings.warn(f"selective_scan: overflow encountered in the scan, the output holds inf or nan{growing}",
+                      RuntimeWarning, stacklevel=4)
     return y, (a, h)
 
 
@@ -270,6 +279,12 @@ def _check(arrays, method):
     for name, x in zip(names, arrays):
         if x is not None and not np.issubdtype(x.dtype, np.floating):
             raise TypeError(f"selective_scan: {name} must hold floating-point numbers, got dtype {x.dtype}")
+    if method == "fast":
+        dtype = np.result_type(*[x for x in arrays if x is not None])
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"selective_scan: method 'fast' (compiled by Numba) computes in float32 or float64, not "
+                            f"{dtype}: cast the inputs to float32, or use method='sequential' or 'parallel' (for a "
+                            f"Mamba: model.scan_method = 'sequential')")
     u, delta, A, B, C, D = arrays
     fits = (u.ndim == 3 and delta.shape == u.shape and A.ndim == 2 and A.shape[0] == u.shape[2]
             and B.shape == u.shape[:2] + (A.shape[1],) and C.shape == B.shape
