@@ -647,6 +647,7 @@ def test_bank_conflicts_of_a_column_and_a_row_of_a_shared_tile():
     out = np.zeros(32, np.float32)
     column = K.trace(column_of_square_tile, 1, 32, out)
     assert [p.bank_conflicts for p in column.memory()] == [31, 31] and column.memory()[0].max_ways == 32
+    assert column.shared_bytes == 32 * 32 * 4
     row = K.trace(row_of_square_tile, 1, 32, out)
     assert row.bank_conflicts() == 0 and row.memory()[0].max_ways == 1
     m = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)

@@ -755,6 +755,9 @@ class TraceReport:
         self.barrier_issues = [BarrierIssue(*b, report=self) for b in tracer.barrier_issues]
         self.warp_issues = list(tracer.warp_issues)
         self.races = self._find_races()
+        # bytes of shared memory one block holds (its arrays, each aligned to 16 bytes): with the
+        # threads per block, what limits how many blocks a multiprocessor runs at once (occupancy)
+        self.shared_bytes = max(tracer._shared_used.values(), default=0)
 
     def describe(self, block, thread):
         """A thread in words: "thread 3 of block 1" (indices as the launch gave them)."""
