@@ -449,6 +449,10 @@ def test_each_block_has_its_own_shared_array_in_the_report_and_the_picture(rng):
     np.testing.assert_array_equal(owner, np.arange(48).reshape(3, 16))  # block b's copy: its own threads
     np.testing.assert_array_equal(report.touched_by("cache", phase=0, block=2), np.arange(32, 48))
     assert report.counts("cache", "write").shape == (3, 16)
+    copies = report.shared_copies("cache")
+    assert sorted(copies) == [(0, 0, 0), (1, 0, 0), (2, 0, 0)] and copies[(1, 0, 0)] is not copies[(0, 0, 0)]
+    with pytest.raises(KeyError, match="the kernel made cache"):
+        report.shared_copies("tile")
     ax = report.draw("cache", phase=0)
     assert len(ax.patches) == 48 and "one row per block" in ax.get_title()
     assert not any(p.get_facecolor()[:3] == (0, 0, 0) for p in ax.patches)  # no slot "written by several"
@@ -671,3 +675,29 @@ def test_global_transactions_of_coalesced_and_strided_reads():
     assert strided.transactions() == 32 + 4  # each lane's float in a sector of its own
     doubles = K.trace(copy_strided, 1, 32, x.astype(np.float64), out, 1)
     assert doubles.transactions() == 8 + 4
+
+
+@cuda.jit
+def different_warp_functions_in_two_branches(x, out):
+    i = cuda.grid(1)
+    if cuda.laneid < 16:
+        out[i] = cuda.shfl_down_sync(0xFFFFFFFF, x[i], 1)
+    else:
+        out[i] = cuda.ballot_sync(0xFFFFFFFF, x[i] > 0)
+
+
+@cuda.jit
+def mask_without_itself(x, out):
+    i = cuda.grid(1)
+    if cuda.laneid == 0:
+        out[i] = cuda.shfl_sync(0x2, x[i], 1)  # lane 0 names only lane 1 in its mask
+    else:
+        out[i] = x[i]
+
+
+def test_divergent_warp_functions_and_a_mask_leaving_out_the_caller_are_reported():
+    x = np.arange(32, dtype=np.float32)
+    report = K.trace(different_warp_functions_in_two_branches, 1, 32, x, np.zeros(32, np.float32))
+    assert any("called different warp functions" in str(w) for w in report.warp_issues)
+    report = K.trace(mask_without_itself, 1, 32, x, np.zeros(32, np.float32))
+    assert any("which leaves itself out" in str(w) for w in report.warp_issues)

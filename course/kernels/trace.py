@@ -660,7 +660,8 @@ class _Tracer:
                 if len(others) > 1:
                     self._warp_issue(first, name, line, "the lanes of one mask called different warp "
                                                         f"functions or masks: {sorted(others, key=str)}")
-                self._warp_results(group, name, line, mask)
+                for fname in sorted({th.wait[1] for th in group}):  # each lane gets what its own call gives
+                    self._warp_results([th for th in group if th.wait[1] == fname], fname, line, mask)
             for th in group:
                 pending.remove(th)
             released += group
@@ -774,6 +775,12 @@ class TraceReport:
         shown = ", ".join(str(_where(blk, t)) for t in threads[:6])
         more = f" and {len(threads) - 6} more" if len(threads) > 6 else ""
         return f"threads {shown}{more}{of}"
+
+    def shared_copies(self, name):
+        """Each block's copy of the shared array `name`, as it was when the block ended: {block: array}."""
+        if name not in self._shared_copies:
+            raise KeyError(f"trace: no shared array named {name!r}; the kernel made {', '.join(self.shared_arrays) or 'none'}")
+        return dict(self._shared_copies[name])
 
     @property
     def shared_arrays(self):
