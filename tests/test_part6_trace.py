@@ -572,11 +572,11 @@ def shuffle_in_a_branch(x, out):
 def test_wrong_use_of_warp_functions_is_reported():
     x = np.arange(32, dtype=np.float32)
     report = K.trace(shuffle_in_a_branch, 1, 32, x, np.zeros(32, np.float32))
-    assert report.warp_issues and "lane 16 had exited" in str(report.warp_issues[0])
+    assert report.warp_issues and "lanes 16-31 had exited" in str(report.warp_issues[0])
     assert "shfl_down_sync" in str(report.warp_issues[0])
     # a full mask in a block of 16 threads names lanes that do not exist
     report = K.trace(warp_sum, 1, 16, x[:16].copy(), np.zeros(1, np.float32))
-    assert "lane 16 does not exist (the block has 16 threads)" in str(report.warp_issues[0])
+    assert "lanes 16-31 do not exist (the block has 16 threads)" in str(report.warp_issues[0])
     assert any("lanes 0-15 read the values of lanes 16-31" in str(w) for w in report.warp_issues)
     assert "wrong uses of warp functions" in report.summary()
 

@@ -421,6 +421,12 @@ def _kernel_function(kernel):
     return fn
 
 
+def _mask_words(mask):
+    """A warp mask in words: "lanes 0-31" (printed in hex it would look like a memory address)."""
+    lanes = _bits(mask)
+    return f"lane{'s' if len(lanes) != 1 else ''} {_ranges(lanes)}" if lanes else "no lane"
+
+
 def _bits(mask):
     return [lane for lane in range(WARP) if (mask >> lane) & 1]
 
@@ -638,28 +644,31 @@ class _Tracer:
             else:
                 group = [lanes[lane] for lane in _bits(mask) if lane in lanes and lanes[lane] in pending]
                 if first not in group:
-                    self._warp_issue(first, name, line, f"lane {first.lane} called it with mask {mask:#x}, "
-                                                        f"which leaves itself out")
+                    self._warp_issue(first, name, line, f"lane {first.lane} called it with a mask of "
+                                                        f"{_mask_words(mask)}, which leaves itself out")
                     group = [first] + group
-                missing = []
+                missing = {}  # why -> lanes
                 for lane in _bits(mask):
                     th = lanes.get(lane)
                     if th is None:
-                        missing.append(f"lane {lane} does not exist (the block has "
-                                       f"{len(threads)} threads)")
+                        why = f"do not exist (the block has {len(threads)} threads)"
                     elif th.done:
-                        missing.append(f"lane {lane} had exited")
+                        why = "had exited"
                     elif th not in pending:
-                        missing.append(f"lane {lane} waits at a syncthreads()")
+                        why = "wait at a syncthreads()"
+                    else:
+                        continue
+                    missing.setdefault(why, []).append(lane)
                 if missing:
-                    self._warp_issue(first, name, line, f"a lane in the mask {mask:#x} never called it "
-                                                        f"({'; '.join(missing[:3])}"
-                                                        f"{'; ...' if len(missing) > 3 else ''}): "
-                                                        f"on a GPU every lane in the mask must call it")
-                others = {(th.wait[1], th.wait[3]) for th in group}
-                if len(others) > 1:
-                    self._warp_issue(first, name, line, "the lanes of one mask called different warp "
-                                                        f"functions or masks: {sorted(others, key=str)}")
+                    said = "; ".join(f"{_mask_words(sum(1 << k for k in ks))} {why}" for why, ks in missing.items())
+                    self._warp_issue(first, name, line, f"lanes in its mask ({_mask_words(mask)}) never called it "
+                                                        f"({said}): on a GPU every lane in the mask must call it")
+                functions = sorted({th.wait[1] for th in group})
+                if len(functions) > 1:
+                    self._warp_issue(first, name, line, f"the lanes of one mask called different warp "
+                                                        f"functions ({', '.join(functions)}): they diverged")
+                elif len({th.wait[3] for th in group}) > 1:
+                    self._warp_issue(first, name, line, "the lanes that meet here called it with different masks")
                 for fname in sorted({th.wait[1] for th in group}):  # each lane gets what its own call gives
                     self._warp_results([th for th in group if th.wait[1] == fname], fname, line, mask)
             for th in group:
@@ -706,7 +715,7 @@ class _Tracer:
         if undefined:
             readers, sources = _ranges([r for r, _ in undefined]), _ranges(sorted({s for _, s in undefined}))
             self._warp_issue(group[0], name, line, f"lanes {readers} read the values of lanes {sources}, which "
-                                                   f"are not in the mask {mask:#x} or did not call it: those "
+                                                   f"are not in the mask ({_mask_words(mask)}) or did not call it: those "
                                                    f"values are undefined on a GPU")
 
     def describe(self, block, thread):
