@@ -751,6 +751,13 @@ def block_sum_warp_shuffle(x, partial):
 
 
 @cuda.jit
+def block_sum_atomic_into_partial(x, partial):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(partial, cuda.blockIdx.x, x[i])  # adds to whatever partial held before
+
+
+@cuda.jit
 def block_sum_barrier_inside_if(x, partial):
     cache = cuda.shared.array(TPB, float32)
     t = cuda.threadIdx.x
@@ -984,6 +991,7 @@ CASES = [
     ("6.1.1", global_index_2d, global_index_2d_half, "whole numbers"),
     ("6.2.2", block_sum, block_sum_barrier_inside_if, "only some threads reach"),
     ("6.2.2", block_sum, block_sum_early_return, "had already left the kernel"),
+    ("6.2.2", block_sum, block_sum_atomic_into_partial, "(an atomic update) before any thread wrote it"),
     pytest.param("6.2.2", block_sum, block_sum_shared_by_block_dim, "", marks=NEEDS_PTX),
     pytest.param("6.2.2", block_sum, block_sum_python_list, "", marks=NEEDS_PTX),
     ("6.2.3", rms_norm_rows, rms_norm_barrier_inside_if, "only some threads reach"),

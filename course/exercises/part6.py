@@ -259,7 +259,13 @@ def _outputs_read_first(report, outputs, on):
             if acc.kind != "write":
                 if not any(p < acc.phase or t == acc.thread for p, t in written.get(key, ())):
                     who = _thread(report, acc.block, acc.thread)
-                    raise CheckFailed(f"{who} read {name}[{', '.join(map(str, index))}] before writing it, on "
+                    element = f"{name}[{', '.join(map(str, index))}]"
+                    if acc.kind == "atomic":
+                        raise CheckFailed(f"{who} added into {element} (an atomic update) before any thread wrote "
+                                          f"it, on {on}: the output holds garbage on a GPU before your kernel "
+                                          f"runs, so the sum starts from garbage. Write each element of {name} "
+                                          f"once, from a sum made in shared memory or a local variable")
+                    raise CheckFailed(f"{who} read {element} before writing it, on "
                                       f"{on}: the output holds garbage on a GPU before your kernel runs "
                                       f"(`{name}[...] += ...` adds to it). Add up in a local variable and write "
                                       f"each element of {name} once")
