@@ -701,3 +701,33 @@ def test_divergent_warp_functions_and_a_mask_leaving_out_the_caller_are_reported
     assert any("called different warp functions" in str(w) for w in report.warp_issues)
     report = K.trace(mask_without_itself, 1, 32, x, np.zeros(32, np.float32))
     assert any("which leaves itself out" in str(w) for w in report.warp_issues)
+
+
+@cuda.jit
+def block_votes(x, out):
+    t = cuda.threadIdx.x
+    positive = x[t] > 0
+    out[t, 0] = cuda.syncthreads_count(positive)
+    out[t, 1] = cuda.syncthreads_and(positive)
+    out[t, 2] = cuda.syncthreads_or(positive)
+    out[t, 3] = cuda.eq_sync(0xFFFFFFFF, t // 40)  # the same in every lane of a block of 32
+
+
+@cuda.jit
+def atomic_updates(counters):
+    t = cuda.threadIdx.x
+    cuda.atomic.max(counters, 0, t)
+    cuda.atomic.min(counters, 1, t)
+    cuda.atomic.inc(counters, 2, 4)  # counts 0, 1, 2, 3, 4, then wraps to 0
+    cuda.atomic.exch(counters, 3, 7)
+
+
+def test_block_votes_and_other_atomics():
+    x = np.where(np.arange(32) < 5, 1.0, -1.0).astype(np.float32)
+    out = np.zeros((32, 4), np.int64)
+    report = K.trace(block_votes, 1, 32, x, out)
+    assert not report.barrier_issues and not report.warp_issues
+    assert (out[:, 0] == 5).all() and (out[:, 1] == 0).all() and (out[:, 2] == 1).all() and (out[:, 3] == 1).all()
+    counters = np.array([-1, 99, 0, 0], np.int64)
+    report = K.trace(atomic_updates, 1, 8, counters)
+    assert counters.tolist() == [7, 0, 8 % 5, 7] and not report.races
