@@ -942,6 +942,74 @@ def softmax_backward_barrier_inside_if(s, g, dx):
         dx[row, j] = s[row, j] * (g[row, j] - dot)
 
 
+@cuda.jit
+def total_by_warps(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_xor(x, total):
+    # right too: the butterfly leaves the warp's sum in every lane
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    mask = 1
+    while mask < 32:
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, mask)
+        mask *= 2
+    if cuda.threadIdx.x % 32 == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_not_atomic(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        total[0] += v
+
+
+@cuda.jit
+def total_by_warps_every_lane_adds(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    cuda.atomic.add(total, 0, v)  # every lane: partial sums counted several times
+
+
+@cuda.jit
+def total_by_atomics_only(x, total):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(total, 0, x[i])  # right sum, but one atomic per element
+
+
+@cuda.jit
+def total_by_warps_guarded_shuffle(x, total):
+    i = cuda.grid(1)
+    if i < x.size:  # the lanes past the end skip the shuffles their warp's mask names
+        v = x[i]
+        delta = 16
+        while delta > 0:
+            v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+            delta //= 2
+        if cuda.laneid == 0:
+            cuda.atomic.add(total, 0, v)
+
+
 NEEDS_PTX = pytest.mark.skip(reason="numba refuses this kernel when it compiles it for a GPU; the tracer runs "
                                     "Python, so only the GPU compile step (numba.cuda.compile_ptx) catches it")
 
@@ -1001,6 +1069,10 @@ CASES = [
     ("6.3.4", scan_kernel, scan_kernel_thread_idx_only, "in different blocks"),
     pytest.param("6.3.4", scan_kernel, scan_kernel_local_array_runtime_size, "", marks=NEEDS_PTX),
     ("6.4.1", softmax_backward_rows, softmax_backward_barrier_inside_if, "only some threads reach"),
+    ("6.2.4", total_by_warps, total_by_warps_not_atomic, "Use cuda.atomic.add"),
+    ("6.2.4", total_by_warps, total_by_warps_every_lane_adds, "expected total[0] = "),
+    ("6.2.4", total_by_warps, total_by_atomics_only, "where one per warp (2) is enough"),
+    ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
 ]
 
 
@@ -1042,9 +1114,10 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.4.3", matmul_backward_by_transposes),
     ("6.2.1", reverse_swap_pairs),
     ("6.2.2", block_sum_warp_shuffle),
+    ("6.2.4", total_by_warps_xor),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
         "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes",
-        "6.2.1-swap-pairs", "6.2.2-warp-shuffle"])
+        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 

@@ -522,6 +522,38 @@ def _(candidate, rng):
         expect_close(out, _rms_norm_rows(x, w, 1e-5), on=on, rtol=1e-4, atol=1e-5, what="out")
 
 
+WARP_BLOCK = 64  # threads per block in 6.2.4: two warps
+
+
+@exercise("6.2.4", hint="each warp adds its 32 values with cuda.shfl_down_sync(0xFFFFFFFF, v, delta) for delta = "
+                        "16, 8, 4, 2, 1 (every lane takes part in every shuffle, 0 past the end), then its lane 0 "
+                        "adds the warp's sum into total[0] with cuda.atomic.add")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    for n in [64, 37, 100, 130, int(rng.integers(1, 200))]:
+        blocks = -(-n // WARP_BLOCK)
+        x = rng.integers(-8, 9, size=n).astype(np.float32)  # whole numbers: sums exact in any order
+        total = np.zeros(1, np.float32)
+        on = f"x of length {n}, {blocks} block(s) of {WARP_BLOCK} threads, total = [0] before the launch"
+        report = _trace(candidate, blocks, WARP_BLOCK, x, total, on=on)
+        _out_of_bounds(report, on)
+        _barriers(report, on)
+        _warps(report, on)
+        if report.races:
+            r = report.races[0]
+            if r.array in _params(candidate)[1:2]:
+                raise CheckFailed(f"{_thread(report, *r.first[:2])} and {_thread(report, *r.second[:2])} both "
+                                  f"updated {r.array}[0] with a plain read and write, on {on}: when two warps do "
+                                  f"that at once, one addition is lost. Use cuda.atomic.add")
+            _races(report, on)
+        _uninitialised_shared(report, on)
+        expect(total[0] == x.sum(), f"expected total[0] = {x.sum():g}, got {total[0]:g} on {on}")
+        adds = int(report.per_thread("global", "atomic").sum())
+        warps = blocks * WARP_BLOCK // 32
+        expect(adds <= warps, f"your kernel made {adds} atomic additions on {on}, where one per warp "
+                                  f"({warps}) is enough: add up within the warp with shuffles first")
+
+
 # ===== 6.3 matrix multiplication ===================================================================
 
 
