@@ -1010,6 +1010,62 @@ def total_by_warps_guarded_shuffle(x, total):
             cuda.atomic.add(total, 0, v)
 
 
+T32, ROWS = 32, 8
+
+
+@cuda.jit
+def transpose_tiles(x, out):
+    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@cuda.jit
+def transpose_tiles_unpadded(x, out):
+    tile = cuda.shared.array((T32, T32), float32)  # a column of the tile: one bank
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@cuda.jit
+def transpose_without_tile(x, out):
+    col = cuda.blockIdx.x * T32 + cuda.threadIdx.x
+    for r in range(cuda.threadIdx.y, T32, ROWS):
+        row = cuda.blockIdx.y * T32 + r
+        if row < x.shape[0] and col < x.shape[1]:
+            out[col, row] = x[row, col]  # writes down a column of out: not coalesced
+
+
+@cuda.jit
+def transpose_tiles_no_barrier(x, out):
+    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
 NEEDS_PTX = pytest.mark.skip(reason="numba refuses this kernel when it compiles it for a GPU; the tracer runs "
                                     "Python, so only the GPU compile step (numba.cuda.compile_ptx) catches it")
 
@@ -1073,6 +1129,9 @@ CASES = [
     ("6.2.4", total_by_warps, total_by_warps_every_lane_adds, "expected total[0] = "),
     ("6.2.4", total_by_warps, total_by_atomics_only, "where one per warp (2) is enough"),
     ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
+    ("6.3.5", transpose_tiles, transpose_tiles_unpadded, "bank conflicts on x of shape (40, 33)"),
+    ("6.3.5", transpose_tiles, transpose_without_tile, "transactions of 32 bytes where"),
+    ("6.3.5", transpose_tiles, transpose_tiles_no_barrier, "a missing barrier"),
 ]
 
 

@@ -651,6 +651,48 @@ def _(candidate, rng):
         expect(value == expected, f"expected {expected} reads, got {got!r} on {on}")
 
 
+T32, ROWS = 32, 8  # 6.3.5: 32 x 32 tiles, blocks of 32 x 8 threads
+
+
+def _transpose_reference(x, out):
+    """The transpose of lesson 6.3 through a padded tile, with guards for any shape: the figures a
+    learner's kernel is held to."""
+    tile = cuda.shared.array((T32, T32 + 1), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@exercise("6.3.5", hint="load the block's 32 x 32 tile of x row by row (thread x along the columns of x), "
+                        "then write out row by row (thread x along the columns of out) from a column of the "
+                        "tile; give the tile 33 columns, and guard both loops against the matrix's edges")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    cases = [(40, 33), (5, 70), (int(rng.integers(1, 40)), int(rng.integers(1, 40)))]  # edges on both axes
+    for m, n in cases:
+        x = _f32(m, n, rng=rng)
+        out = np.zeros((n, m), np.float32)
+        grid = (-(-n // T32), -(-m // T32))
+        on = f"x of shape {(m, n)}, a grid of {grid} blocks of {(T32, ROWS)} threads"
+        report = _run(candidate, grid, (T32, ROWS), (x, out), on, outputs=(1,))
+        expect_close(out, x.T, on=on, rtol=0, atol=0, what="out")
+        reference = _trace(_transpose_reference, grid, (T32, ROWS), x, np.zeros((n, m), np.float32), on=on)
+        conflicts = report.bank_conflicts()
+        expect(conflicts == 0, f"the warps' accesses to your shared tile had {conflicts} bank conflicts on {on}: "
+                               f"a column of a tile 32 floats wide lies in one bank; one more column spreads it")
+        got, best = report.transactions(), reference.transactions()
+        expect(got <= best, f"your kernel's warps needed {got} transactions of 32 bytes where {best} suffice, on "
+                            f"{on}: neighbouring threads (threadIdx.x) should read neighbouring numbers of x and "
+                            f"write neighbouring numbers of out")
+
+
 def _scan_reference(u, delta, A, B, C, D):
     """mamba-minimal's selective scan, step by step in float64."""
     b, l, d = u.shape
