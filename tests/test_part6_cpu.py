@@ -134,3 +134,20 @@ def test_parallel_and_serial_loops_agree_and_leave_the_thread_count_alone(rng, m
     grads = cpu.selective_scan_backward(np.ones_like(y), *args, states)
     assert all(np.isfinite(g).all() for g in grads)
     assert numba.get_num_threads() == before
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_of_a_row_holding_nan_or_inf_is_nan_as_numpy(dtype):
+    import course.tensor.functional as F
+    from course.tensor import Tensor
+
+    x = np.array([[np.nan, 1, 2], [np.inf, 1, 2], [-np.inf, np.inf, 0], [1, 2, 3]], dtype)
+    w, b = np.ones(3, dtype), np.zeros(3, dtype)
+    out, mean, rstd = cpu.layer_norm(x, w, b, return_stats=True)
+    with np.errstate(invalid="ignore"):
+        expected = F.layer_norm.default(Tensor(x), Tensor(w), Tensor(b)).data
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    assert np.isnan(out[:3]).all() and np.isfinite(out[3]).all()
+    np.testing.assert_allclose(out[3], expected[3], **TOL[dtype])
+    dx, dw, db = cpu.layer_norm_backward(x, w, mean, rstd, np.ones_like(x))
+    assert np.isnan(dx[:3]).all() and np.isfinite(dx[3]).all()

@@ -718,6 +718,358 @@ def softmax_backward_library(s, g, dx):
             dx[r, j] = got[0, j]
 
 
+# ----- answers the tracer once got wrong ---------------------------------------------------------------
+
+
+def global_index_2d_half(block_idx, block_dim, thread_idx):
+    return tuple(b * d + t + 0.5 for b, d, t in zip(block_idx, block_dim, thread_idx))
+
+
+@cuda.jit
+def reverse_swap_pairs(x):
+    # right: the textbook in-place reverse, each thread of the first half swaps a pair (the middle
+    # element of an odd length stays where it is)
+    t = cuda.threadIdx.x
+    n = x.size
+    if t < n // 2:
+        v = x[t]
+        x[t] = x[n - 1 - t]
+        x[n - 1 - t] = v
+
+
+@cuda.jit
+def block_sum_warp_shuffle(x, partial):
+    # right: one warp per block adds its values with shuffles, no shared memory needed
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    offset = 16
+    while offset > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, offset)
+        offset //= 2
+    if cuda.threadIdx.x == 0:
+        partial[cuda.blockIdx.x] = v
+
+
+@cuda.jit
+def block_sum_atomic_into_partial(x, partial):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(partial, cuda.blockIdx.x, x[i])  # adds to whatever partial held before
+
+
+@cuda.jit
+def block_sum_barrier_inside_if(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+            cuda.syncthreads()  # only the threads t < step reach it
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_early_return(x, partial):
+    cache = cuda.shared.array(TPB, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t >= step:
+            return  # nothing left to add: but the others still wait at the barrier below
+        cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_shared_by_block_dim(x, partial):
+    cache = cuda.shared.array(cuda.blockDim.x, float32)  # a GPU needs the size when it compiles
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_python_list(x, partial):
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    values = [x[i] if i < x.size else 0]  # a Python list: numba cannot compile it for a GPU
+    if t == 0:
+        partial[cuda.blockIdx.x] = values[0]
+
+
+@cuda.jit
+def rms_norm_barrier_inside_if(x, weight, eps, out):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        s += x[row, j] * x[row, j]
+    cache[t] = s
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+            cuda.syncthreads()
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def rms_norm_shared_by_block_dim(x, weight, eps, out):
+    cache = cuda.shared.array(cuda.blockDim.x, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, x.shape[1]
+    s = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        s += x[row, j] * x[row, j]
+    cache[t] = s
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    r = 1 / math.sqrt(cache[0] / n + eps)
+    for j in range(t, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * r * weight[j]
+
+
+@cuda.jit
+def matmul_bt_accumulates_in_c(a, bt, c):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        for k in range(a.shape[1]):
+            c[row, col] += a[row, k] * bt[col, k]  # c is not zero on a GPU
+
+
+@cuda.jit
+def matmul_bt_tiled_clamped(a, bt, c):
+    tile_a = cuda.shared.array((TILE, TILE), float32)
+    tile_b = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0)
+    for start in range(0, a.shape[1], TILE):
+        r, cl = min(row, a.shape[0] - 1), min(col, bt.shape[0] - 1)  # clamped: reads a real element again
+        tile_a[ty, tx] = a[r, start + tx] if start + tx < a.shape[1] else 0
+        tile_b[ty, tx] = bt[cl, start + ty] if start + ty < bt.shape[1] else 0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += tile_a[ty, j] * tile_b[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc
+
+
+@cuda.jit
+def scan_kernel_thread_idx_only(u, delta, A, B, C, D, y):
+    i = cuda.threadIdx.x  # forgets the blocks: the second block redoes the first one's channels
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(MAX_N, float32)
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+@cuda.jit
+def scan_kernel_local_array_runtime_size(u, delta, A, B, C, D, y):
+    i = cuda.grid(1)
+    batch, length, channels = u.shape
+    n = A.shape[1]
+    if i < batch * channels:
+        bi, d = i // channels, i % channels
+        h = cuda.local.array(n, float32)  # a GPU needs the size when it compiles
+        for s in range(n):
+            h[s] = 0
+        for t in range(length):
+            dt, x = delta[bi, t, d], u[bi, t, d]
+            acc = D[d] * x
+            for s in range(n):
+                h[s] = math.exp(dt * A[d, s]) * h[s] + dt * B[bi, t, s] * x
+                acc += C[bi, t, s] * h[s]
+            y[bi, t, d] = acc
+
+
+@cuda.jit
+def softmax_backward_barrier_inside_if(s, g, dx):
+    cache = cuda.shared.array(TPB, float32)
+    row, t, n = cuda.blockIdx.x, cuda.threadIdx.x, s.shape[1]
+    dot = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        dot += g[row, j] * s[row, j]
+    cache[t] = dot
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+            cuda.syncthreads()
+        step //= 2
+    dot = cache[0]
+    for j in range(t, n, cuda.blockDim.x):
+        dx[row, j] = s[row, j] * (g[row, j] - dot)
+
+
+@cuda.jit
+def total_by_warps(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_xor(x, total):
+    # right too: the butterfly leaves the warp's sum in every lane
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    mask = 1
+    while mask < 32:
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, mask)
+        mask *= 2
+    if cuda.threadIdx.x % 32 == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_not_atomic(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        total[0] += v
+
+
+@cuda.jit
+def total_by_warps_every_lane_adds(x, total):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    cuda.atomic.add(total, 0, v)  # every lane: partial sums counted several times
+
+
+@cuda.jit
+def total_by_atomics_only(x, total):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(total, 0, x[i])  # right sum, but one atomic per element
+
+
+@cuda.jit
+def total_by_warps_guarded_shuffle(x, total):
+    i = cuda.grid(1)
+    if i < x.size:  # the lanes past the end skip the shuffles their warp's mask names
+        v = x[i]
+        delta = 16
+        while delta > 0:
+            v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+            delta //= 2
+        if cuda.laneid == 0:
+            cuda.atomic.add(total, 0, v)
+
+
+T32, ROWS = 32, 8
+
+
+@cuda.jit
+def transpose_tiles(x, out):
+    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@cuda.jit
+def transpose_tiles_unpadded(x, out):
+    tile = cuda.shared.array((T32, T32), float32)  # a column of the tile: one bank
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@cuda.jit
+def transpose_without_tile(x, out):
+    col = cuda.blockIdx.x * T32 + cuda.threadIdx.x
+    for r in range(cuda.threadIdx.y, T32, ROWS):
+        row = cuda.blockIdx.y * T32 + r
+        if row < x.shape[0] and col < x.shape[1]:
+            out[col, row] = x[row, col]  # writes down a column of out: not coalesced
+
+
+@cuda.jit
+def transpose_tiles_no_barrier(x, out):
+    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+NEEDS_PTX = pytest.mark.skip(reason="numba refuses this kernel when it compiles it for a GPU; the tracer runs "
+                                    "Python, so only the GPU compile step (numba.cuda.compile_ptx) catches it")
+
+
 CASES = [
     ("6.1.1", global_index_2d, global_index_2d_no_block_dim, "expected (x, y) = (37, 5)"),
     ("6.1.1", global_index_2d, global_index_2d_swapped, "x and y are swapped"),
@@ -760,19 +1112,43 @@ CASES = [
     ("6.4.2", kernel_relu, kernel_relu_numpy, "never launched forward_kernel"),
     ("6.4.3", matmul_backward, matmul_backward_no_transpose, "do not fit"),
     ("6.4.3", matmul_backward, matmul_backward_numpy, "make both products with the matmul you are given"),
+    ("6.1.1", global_index_2d, global_index_2d_half, "whole numbers"),
+    ("6.2.2", block_sum, block_sum_barrier_inside_if, "only some threads reach"),
+    ("6.2.2", block_sum, block_sum_early_return, "had already left the kernel"),
+    ("6.2.2", block_sum, block_sum_atomic_into_partial, "(an atomic update) before any thread wrote it"),
+    pytest.param("6.2.2", block_sum, block_sum_shared_by_block_dim, "", marks=NEEDS_PTX),
+    pytest.param("6.2.2", block_sum, block_sum_python_list, "", marks=NEEDS_PTX),
+    ("6.2.3", rms_norm_rows, rms_norm_barrier_inside_if, "only some threads reach"),
+    pytest.param("6.2.3", rms_norm_rows, rms_norm_shared_by_block_dim, "", marks=NEEDS_PTX),
+    ("6.3.1", matmul_bt, matmul_bt_accumulates_in_c, "before writing it"),
+    ("6.3.2", matmul_bt_tiled, matmul_bt_tiled_clamped, "store 0 without reading anything"),
+    ("6.3.4", scan_kernel, scan_kernel_thread_idx_only, "in different blocks"),
+    pytest.param("6.3.4", scan_kernel, scan_kernel_local_array_runtime_size, "", marks=NEEDS_PTX),
+    ("6.4.1", softmax_backward_rows, softmax_backward_barrier_inside_if, "only some threads reach"),
+    ("6.2.4", total_by_warps, total_by_warps_not_atomic, "Use cuda.atomic.add"),
+    ("6.2.4", total_by_warps, total_by_warps_every_lane_adds, "expected total[0] = "),
+    ("6.2.4", total_by_warps, total_by_atomics_only, "where one per warp (2) is enough"),
+    ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
+    ("6.3.5", transpose_tiles, transpose_tiles_unpadded, "bank conflicts on x of shape (40, 33)"),
+    ("6.3.5", transpose_tiles, transpose_without_tile, "transactions of 32 bytes where"),
+    ("6.3.5", transpose_tiles, transpose_tiles_no_barrier, "a missing barrier"),
 ]
+
+
+def _case(c):
+    return c.values if hasattr(c, "values") else c
 
 
 def test_every_exercise_of_part_6_has_a_known_wrong_answer():
     from course.exercises import registered_ids
 
-    covered = {case[0] for case in CASES}
+    covered = {_case(case)[0] for case in CASES}
     missing = [i for i in registered_ids() if i.startswith("6.") and i not in covered]
     assert not missing, f"add a known-wrong answer to CASES for {missing}"
 
 
 @pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
-                         ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
+                         ids=[f"{_case(c)[0]}-{_case(c)[2].__name__}" for c in CASES])
 def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     is_kernel = hasattr(right, "py_func")
     assert check(exercise_id, stub_kernel if is_kernel else stub).status == "not attempted"
@@ -795,8 +1171,12 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.4.1", softmax_backward_thread_zero_adds),
     ("6.4.2", kernel_relu_blocks_of_64),
     ("6.4.3", matmul_backward_by_transposes),
+    ("6.2.1", reverse_swap_pairs),
+    ("6.2.2", block_sum_warp_shuffle),
+    ("6.2.4", total_by_warps_xor),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
-        "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes"])
+        "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes",
+        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 

@@ -238,3 +238,23 @@ def test_a_kernel_that_fails_in_the_simulator_names_itself_and_the_next_call_wor
     a, b = f32(rng, 40), f32(rng, 40)
     np.testing.assert_array_equal(K.vector_add(a, b), a + b)
     np.testing.assert_allclose(K.softmax(f32(rng, 2, 5)).sum(1), 1, rtol=1e-5)
+
+
+def test_reduce_rows_of_zero_rows_is_zeros():
+    for shape in [(0, 3), (0, 2, 4)]:
+        x = np.zeros(shape, np.float32)
+        np.testing.assert_array_equal(K.reduce_rows(x), np.zeros(shape[1:], np.float32))
+        np.testing.assert_array_equal(K.cpu.reduce_rows(x), np.zeros(shape[1:], np.float32))
+        np.testing.assert_array_equal(K.cpu.reduce_rows(x.astype(np.float64)), np.zeros(shape[1:]))
+    with pytest.raises(ValueError, match="at least one axis"):
+        K.cpu.reduce_rows(np.float32(1))
+
+
+def test_layer_norm_of_numbers_whose_squares_overflow_float32():
+    x = np.array([[3e38, -3e38, 1], [1e-30, -1e-30, 0], [5, 5, 5], [1, 2, 3]], np.float32)
+    expected = np_layer_norm(x.astype(np.float64), np.ones(3), np.zeros(3), 1e-5)
+    got = K.layer_norm(x)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[0], [1.2247449, -1.2247449, 0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, K.cpu.layer_norm(x), rtol=1e-5, atol=1e-6)

@@ -1,5 +1,7 @@
 """Autograd operations on kernels, and `use_kernels` running GPT and Mamba on them unchanged."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -129,7 +131,9 @@ def test_unsupported_calls_are_handed_back_to_the_engine(rng):
     v = Tensor(rng.standard_normal(4).astype(np.float32))
     np.testing.assert_allclose(cpu(ops.matmul)(x, v).data, x.data @ v.data, rtol=1e-6)
     x64 = Tensor(rng.standard_normal((3, 4)))
-    np.testing.assert_allclose(cuda(ops.softmax)(x64).data, F.softmax.default(x64).data)  # CUDA kernels: float32
+    with warnings.catch_warnings():  # said once, and tested below
+        warnings.simplefilter("ignore", ops.KernelFallbackWarning)
+        np.testing.assert_allclose(cuda(ops.softmax)(x64).data, F.softmax.default(x64).data)  # CUDA kernels: float32
     assert K.launches() == {}
     q = Tensor(rng.standard_normal((2, 3, 4)).astype(np.float32))
     F.manual_seed(0)
@@ -264,3 +268,21 @@ def test_operations_against_pytorch(rng):
     check(cpu(ops.layer_norm), lambda x, w, b: tf.layer_norm(x, (6,), w, b, 1e-5), [(3, 6), (6,), (6,)])
     check(cpu(ops.scaled_dot_product_attention),
           lambda q, k, v: tf.scaled_dot_product_attention(q, k, v, is_causal=True), [(2, 5, 4)] * 3)
+
+
+def test_a_float64_model_under_cuda_kernels_says_once_that_it_runs_on_numpy(rng):
+    x = Tensor(rng.standard_normal((2, 6)))
+    w = Tensor(rng.standard_normal((3, 6)))
+    K.reset_launches()
+    with pytest.warns(ops.KernelFallbackWarning, match="float64 tensors run on the NumPy path") as said:
+        with K.use_kernels("cuda"):
+            F.softmax(F.linear(x, w))
+            F.layer_norm(x, None, None)
+    assert len([w_ for w_ in said if issubclass(w_.category, ops.KernelFallbackWarning)]) == 1
+    assert K.launches() == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ops.KernelFallbackWarning)
+        with K.use_kernels("cuda"):
+            F.softmax(Tensor(x.data.astype(np.float32)))  # float32: on the kernels, nothing to say
+        with K.use_kernels("cpu"):
+            F.softmax(x)  # the CPU kernels take float64

@@ -303,3 +303,431 @@ def test_a_local_array_starts_as_nan_as_a_reminder_that_a_gpu_leaves_it_uninitia
     out = np.zeros(2, np.float32)
     K.trace(reads_before_writing, 1, 1, out)
     assert np.isnan(out[0]) and out[1] == 1
+
+
+# ----- reads of shared memory that no thread wrote ----------------------------------------------------
+@cuda.jit
+def sum_without_zero_padding(x, partial):
+    cache = cuda.shared.array(32, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        cache[t] = x[i]  # the slots past the end are never written: garbage on a GPU
+    cuda.syncthreads()
+    step = 16
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+def test_a_read_of_shared_memory_no_thread_wrote_is_reported_and_reads_nan():
+    x = np.ones(40, np.float32)
+    partial = np.zeros(2, np.float32)
+    report = K.trace(sum_without_zero_padding, 2, 32, x, partial)
+    assert not report.races and not report.out_of_bounds
+    first = report.uninitialised[0]
+    assert (first.array, first.index, first.block, first.thread) == ("cache", (16,), (1, 0, 0), (0, 0, 0))
+    assert "thread 0 of block 1 read cache[16]" in str(first) and "no thread of its block had written" in str(first)
+    assert {u.block for u in report.uninitialised} == {(1, 0, 0)}  # block 0 has all 32 elements
+    assert partial[0] == 32 and np.isnan(partial[1])  # shared memory starts as a GPU leaves it, not as zeros
+    assert "reads of uninitialised shared memory" in report.summary()
+
+
+def test_a_read_after_a_barrier_of_what_another_thread_wrote_is_not_uninitialised(rng):
+    x = rng.standard_normal(40).astype(np.float32)
+    report = K.trace(K.reduce_sum_kernel, 2, 16, x, np.zeros(2, np.float32))
+    assert not report.out_of_bounds and not report.uninitialised and "no reads of uninitialised shared memory" in report.summary()
+
+
+# ----- barriers only some threads reach ------------------------------------------------------------
+@cuda.jit
+def sum_with_barrier_inside_if(x, partial):
+    cache = cuda.shared.array(32, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = 16
+    while step > 0:
+        if t < step:
+            cache[t] += cache[t + step]
+            cuda.syncthreads()  # only the threads t < step come here
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def sum_with_early_return(x, partial):
+    cache = cuda.shared.array(32, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    cache[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    step = 16
+    while step > 0:
+        if t >= step:
+            return  # the threads that have nothing left to add leave: the others wait for them
+        cache[t] += cache[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def barriers_on_two_branches(x):
+    t = cuda.threadIdx.x
+    if t % 2 == 0:
+        x[t] = 1
+        cuda.syncthreads()
+    else:
+        cuda.syncthreads()
+        x[t] = 2
+
+
+@pytest.mark.parametrize("kernel", [sum_with_barrier_inside_if, sum_with_early_return])
+def test_a_barrier_only_some_threads_reach_is_undefined_behaviour_naming_who_skipped_it(kernel):
+    report = K.trace(kernel, 1, 32, np.ones(32, np.float32), np.zeros(1, np.float32))
+    first = report.barrier_issues[0]
+    assert first.skipped == tuple((t, 0, 0) for t in range(16, 32))
+    assert first.waiting == tuple((t, 0, 0) for t in range(16))
+    text = str(first)
+    assert "undefined behaviour" in text and "reached by threads 0-15 but not by threads 16-31" in text
+    assert "missing barrier" not in report.summary()
+    assert len(report.barrier_issues) == 5  # one for each halving step
+
+
+def test_barriers_at_different_lines_are_undefined_behaviour():
+    report = K.trace(barriers_on_two_branches, 1, 8, np.zeros(8, np.float32))
+    assert len(report.barrier_issues) == 1
+    issue = report.barrier_issues[0]
+    assert not issue.skipped and len(issue.lines) == 2 and "different syncthreads()" in str(issue)
+
+
+def test_the_library_kernels_have_no_barrier_warp_or_uninitialised_issue(rng):
+    for name, (kernel, grid, block, args) in _library_launches(rng).items():
+        report = K.trace(kernel, grid, block, *args)
+        assert not (report.uninitialised or report.barrier_issues or report.warp_issues), (name, report.summary())
+
+
+# ----- the same memory under two names ----------------------------------------------------------------
+@cuda.jit
+def smooth(x, out):
+    i = cuda.grid(1)
+    if 0 < i < x.size - 1:
+        out[i] = (x[i - 1] + x[i] + x[i + 1]) / 3
+
+
+def test_one_array_passed_twice_races_and_is_reported_under_both_names():
+    a = np.arange(10, dtype=np.float32)
+    report = K.trace(smooth, 1, 10, a, a)
+    assert report.races
+    race = next(r for r in report.races if r.alias is not None)
+    assert {race.array, race.alias[0]} == {"x", "out"} and race.index == race.alias[1]
+    assert "the same memory as" in str(race)
+    b = np.arange(10, dtype=np.float32)
+    assert not K.trace(smooth, 1, 10, b, np.zeros_like(b)).races
+    c = np.arange(20, dtype=np.float32)  # overlapping views: out is x shifted by one element
+    assert K.trace(smooth, 1, 10, c[:10], c[1:11]).races
+
+
+# ----- one copy of a shared array per block -------------------------------------------------------------
+def test_each_block_has_its_own_shared_array_in_the_report_and_the_picture(rng):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = rng.standard_normal(80).astype(np.float32)
+    report = K.trace(K.reduce_sum_kernel, 3, 16, x, np.zeros(3, np.float32))
+    owner = report.touched_by("cache", phase=0)
+    assert owner.shape == (3, 16)
+    np.testing.assert_array_equal(owner, np.arange(48).reshape(3, 16))  # block b's copy: its own threads
+    np.testing.assert_array_equal(report.touched_by("cache", phase=0, block=2), np.arange(32, 48))
+    assert report.counts("cache", "write").shape == (3, 16)
+    copies = report.shared_copies("cache")
+    assert sorted(copies) == [(0, 0, 0), (1, 0, 0), (2, 0, 0)] and copies[(1, 0, 0)] is not copies[(0, 0, 0)]
+    with pytest.raises(KeyError, match="the kernel made cache"):
+        report.shared_copies("tile")
+    ax = report.draw("cache", phase=0)
+    assert len(ax.patches) == 48 and "one row per block" in ax.get_title()
+    assert not any(p.get_facecolor()[:3] == (0, 0, 0) for p in ax.patches)  # no slot "written by several"
+    plt.close("all")
+
+
+def test_a_2d_shared_array_of_several_blocks_is_drawn_one_panel_per_block(rng):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
+    report = K.trace(K.matmul_tiled_kernel, (1, 2), (K.TILE, K.TILE), a, b, np.zeros((5, 2), np.float32))
+    name = report.shared_arrays[0]
+    assert report.touched_by(name, phase=0).shape == (2, K.TILE, K.TILE)
+    axes = report.draw(name, phase=0)
+    assert len(axes) == 2 and axes[1].get_title() == "block (0, 1)"
+    plt.close("all")
+
+
+# ----- atomics and warp functions -----------------------------------------------------------------------
+@cuda.jit
+def first_thread_claims(flag, winner):
+    t = cuda.threadIdx.x
+    if cuda.atomic.cas(flag, 0, 0, 1) == 0:  # only the first thread finds 0 and swaps in 1
+        winner[0] = t
+
+
+def test_atomic_compare_and_swap_lets_exactly_one_thread_win():
+    flag, winner = np.zeros(1, np.int32), np.full(1, -1, np.int32)
+    report = K.trace(first_thread_claims, 1, 8, flag, winner)
+    assert flag[0] == 1 and winner[0] == 0 and not report.races
+    assert report.per_thread("global", "atomic").tolist() == [1] * 8
+
+
+@cuda.jit
+def warp_sum(x, out):
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    offset = 16
+    while offset > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, offset)
+        offset //= 2
+    if cuda.threadIdx.x % 32 == 0:
+        cuda.atomic.add(out, 0, v)
+
+
+@cuda.jit
+def warp_all_reduce(x, out):
+    i = cuda.grid(1)
+    v = x[i]
+    mask = 1
+    while mask < 32:
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, mask)
+        mask *= 2
+    out[i] = v  # every lane holds the warp's total
+
+
+@cuda.jit
+def warp_inclusive_scan(x, out):
+    i = cuda.grid(1)
+    lane = cuda.laneid
+    v = x[i]
+    delta = 1
+    while delta < 32:
+        up = cuda.shfl_up_sync(0xFFFFFFFF, v, delta)
+        if lane >= delta:
+            v += up
+        delta *= 2
+    out[i] = v
+
+
+@cuda.jit
+def warp_votes(x, out):
+    i = cuda.grid(1)
+    positive = x[i] > 0
+    out[i, 0] = cuda.ballot_sync(0xFFFFFFFF, positive)
+    out[i, 1] = cuda.all_sync(0xFFFFFFFF, positive)
+    out[i, 2] = cuda.any_sync(0xFFFFFFFF, positive)
+    out[i, 3] = cuda.shfl_sync(0xFFFFFFFF, i, 5)  # lane 5's value, broadcast
+    if cuda.laneid < 10:
+        out[i, 4] = cuda.activemask()  # only the lanes that took the branch
+
+
+def test_a_warp_shuffle_reduction_works_as_on_a_gpu():
+    x = np.arange(50, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    report = K.trace(warp_sum, 2, 32, x, out)
+    assert out[0] == x.sum() and not report.warp_issues and not report.races
+    y = np.zeros(64, np.float32)
+    x = np.arange(64, dtype=np.float32)
+    assert not K.trace(warp_all_reduce, 1, 64, x, y).warp_issues
+    np.testing.assert_array_equal(y, np.repeat([x[:32].sum(), x[32:].sum()], 32))
+    assert not K.trace(warp_inclusive_scan, 1, 64, x, y).warp_issues
+    np.testing.assert_array_equal(y, np.concatenate([np.cumsum(x[:32]), np.cumsum(x[32:])]))
+
+
+def test_votes_broadcast_and_activemask():
+    x = np.where(np.arange(32) % 3 == 0, 1.0, -1.0).astype(np.float32)
+    out = np.zeros((32, 5), np.int64)
+    report = K.trace(warp_votes, 1, 32, x, out)
+    assert not report.warp_issues
+    assert out[0, 0] == sum(1 << k for k in range(0, 32, 3))
+    assert (out[:, 1] == 0).all() and (out[:, 2] == 1).all() and (out[:, 3] == 5).all()
+    assert (out[:10, 4] == (1 << 10) - 1).all() and (out[10:, 4] == 0).all()
+
+
+@cuda.jit
+def shuffle_in_a_branch(x, out):
+    i = cuda.grid(1)
+    v = x[i]
+    if cuda.laneid < 16:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, 16)  # lanes 16-31 never come: undefined
+    out[i] = v
+
+
+def test_wrong_use_of_warp_functions_is_reported():
+    x = np.arange(32, dtype=np.float32)
+    report = K.trace(shuffle_in_a_branch, 1, 32, x, np.zeros(32, np.float32))
+    assert report.warp_issues and "lanes 16-31 had exited" in str(report.warp_issues[0])
+    assert "shfl_down_sync" in str(report.warp_issues[0])
+    # a full mask in a block of 16 threads names lanes that do not exist
+    report = K.trace(warp_sum, 1, 16, x[:16].copy(), np.zeros(1, np.float32))
+    assert "lanes 16-31 do not exist (the block has 16 threads)" in str(report.warp_issues[0])
+    assert any("lanes 0-15 read the values of lanes 16-31" in str(w) for w in report.warp_issues)
+    assert "wrong uses of warp functions" in report.summary()
+
+
+@cuda.jit
+def warp_exchange(x, out, sync):
+    buf = cuda.shared.array(32, float32)
+    t = cuda.threadIdx.x
+    buf[t] = x[t]
+    if sync:
+        cuda.syncwarp(0xFFFFFFFF)
+    out[t] = buf[31 - t]
+
+
+def test_syncwarp_orders_shared_memory_within_a_warp():
+    x = np.arange(32, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    report = K.trace(warp_exchange, 1, 32, x, out, True)
+    assert not report.races and not report.uninitialised
+    np.testing.assert_array_equal(out, x[::-1])
+    report = K.trace(warp_exchange, 1, 32, x, out, False)
+    assert report.races and report.uninitialised
+
+
+# ----- counts and memory figures -------------------------------------------------------------------------
+def test_per_thread_counts_of_global_and_shared_accesses(rng):
+    a, b = _vectors(40, rng)
+    report = K.trace(K.vector_add_kernel, 2, 32, a, b, np.zeros(40, np.float32))
+    reads = report.per_thread("global", "read")
+    assert reads.shape == (64,) and reads[:40].tolist() == [2] * 40 and reads[40:].tolist() == [0] * 24
+    assert report.per_thread("global", "write").max() == 1 and report.per_thread("shared", "any").max() == 0
+    assert "per thread, at most: 2 global reads, 1 global write" in report.summary()
+    report = K.trace(K.reduce_sum_kernel, 1, 16, a[:16].copy(), np.zeros(1, np.float32))
+    assert report.per_thread("global", "read").max() == 1
+    assert report.per_thread("shared", "read")[0] == 2 * 4 + 1  # two reads per halving, then the result
+    with pytest.raises(ValueError, match="per_thread"):
+        report.per_thread("local")
+
+
+@cuda.jit
+def read_column(m, out, stride):
+    tile = cuda.shared.array((32, 33), float32)
+    t = cuda.threadIdx.x
+    for j in range(32):
+        tile[t, j] = m[t, j]  # each lane a row: stride between lanes = one row of the tile
+    cuda.syncthreads()
+    if stride == 32:
+        out[t] = tile[t, 0] + tile[0, 0] * 0  # lanes t*33 words apart: 33 % 32 = 1, different banks
+    else:
+        out[t] = tile[0, t]
+
+
+@cuda.jit
+def column_of_square_tile(out):
+    tile = cuda.shared.array((32, 32), float32)
+    t = cuda.threadIdx.x
+    tile[t, 0] = t  # 32 lanes, 32 words apart: all in bank 0, 32 passes
+    cuda.syncthreads()
+    out[t] = tile[t, 0]
+
+
+@cuda.jit
+def row_of_square_tile(out):
+    tile = cuda.shared.array((32, 32), float32)
+    t = cuda.threadIdx.x
+    tile[0, t] = t  # 32 neighbouring words: one per bank
+    cuda.syncthreads()
+    out[t] = tile[0, t]
+
+
+def test_bank_conflicts_of_a_column_and_a_row_of_a_shared_tile():
+    out = np.zeros(32, np.float32)
+    column = K.trace(column_of_square_tile, 1, 32, out)
+    assert [p.bank_conflicts for p in column.memory()] == [31, 31] and column.memory()[0].max_ways == 32
+    assert column.shared_bytes == 32 * 32 * 4
+    row = K.trace(row_of_square_tile, 1, 32, out)
+    assert row.bank_conflicts() == 0 and row.memory()[0].max_ways == 1
+    m = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)
+    padded = K.trace(read_column, 1, 32, m, out, 32)  # a (32, 33) tile: the column spreads over the banks
+    assert padded.memory()[1].bank_conflicts == 0  # tile[0, 0] is one word read by all: a broadcast
+    assert "bank conflict" in column.summary()
+
+
+@cuda.jit
+def copy_strided(x, out, stride):
+    i = cuda.grid(1)
+    out[i] = x[i * stride]
+
+
+def test_global_transactions_of_coalesced_and_strided_reads():
+    x = np.arange(32 * 32, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    coalesced = K.trace(copy_strided, 1, 32, x, out, 1)
+    assert coalesced.memory()[0].global_requests == 2 and coalesced.transactions() == 4 + 4  # 128 bytes each
+    strided = K.trace(copy_strided, 1, 32, x, out, 32)
+    assert strided.transactions() == 32 + 4  # each lane's float in a sector of its own
+    doubles = K.trace(copy_strided, 1, 32, x.astype(np.float64), out, 1)
+    assert doubles.transactions() == 8 + 4
+
+
+@cuda.jit
+def different_warp_functions_in_two_branches(x, out):
+    i = cuda.grid(1)
+    if cuda.laneid < 16:
+        out[i] = cuda.shfl_down_sync(0xFFFFFFFF, x[i], 1)
+    else:
+        out[i] = cuda.ballot_sync(0xFFFFFFFF, x[i] > 0)
+
+
+@cuda.jit
+def mask_without_itself(x, out):
+    i = cuda.grid(1)
+    if cuda.laneid == 0:
+        out[i] = cuda.shfl_sync(0x2, x[i], 1)  # lane 0 names only lane 1 in its mask
+    else:
+        out[i] = x[i]
+
+
+def test_divergent_warp_functions_and_a_mask_leaving_out_the_caller_are_reported():
+    x = np.arange(32, dtype=np.float32)
+    report = K.trace(different_warp_functions_in_two_branches, 1, 32, x, np.zeros(32, np.float32))
+    assert any("called different warp functions" in str(w) for w in report.warp_issues)
+    report = K.trace(mask_without_itself, 1, 32, x, np.zeros(32, np.float32))
+    assert any("which leaves itself out" in str(w) for w in report.warp_issues)
+
+
+@cuda.jit
+def block_votes(x, out):
+    t = cuda.threadIdx.x
+    positive = x[t] > 0
+    out[t, 0] = cuda.syncthreads_count(positive)
+    out[t, 1] = cuda.syncthreads_and(positive)
+    out[t, 2] = cuda.syncthreads_or(positive)
+    out[t, 3] = cuda.eq_sync(0xFFFFFFFF, t // 40)  # the same in every lane of a block of 32
+
+
+@cuda.jit
+def atomic_updates(counters):
+    t = cuda.threadIdx.x
+    cuda.atomic.max(counters, 0, t)
+    cuda.atomic.min(counters, 1, t)
+    cuda.atomic.inc(counters, 2, 4)  # counts 0, 1, 2, 3, 4, then wraps to 0
+    cuda.atomic.exch(counters, 3, 7)
+
+
+def test_block_votes_and_other_atomics():
+    x = np.where(np.arange(32) < 5, 1.0, -1.0).astype(np.float32)
+    out = np.zeros((32, 4), np.int64)
+    report = K.trace(block_votes, 1, 32, x, out)
+    assert not report.barrier_issues and not report.warp_issues
+    assert (out[:, 0] == 5).all() and (out[:, 1] == 0).all() and (out[:, 2] == 1).all() and (out[:, 3] == 1).all()
+    counters = np.array([-1, 99, 0, 0], np.int64)
+    report = K.trace(atomic_updates, 1, 8, counters)
+    assert counters.tolist() == [7, 0, 8 % 5, 7] and not report.races

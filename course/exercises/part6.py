@@ -4,9 +4,11 @@ multiplication (6.3) and kernels in the engine (6.4).
 A learner's kernel is run by `course.kernels.trace`, which plays every GPU thread in Python and
 records which thread read and wrote which element between barriers. That is how a check can say,
 in words, what a kernel got wrong: an element no thread wrote, an element two threads wrote, a
-thread that read past the end of an array (a missing guard), or a thread that read what another
-thread of its block wrote with no `cuda.syncthreads()` between them (a missing barrier). On a
-machine with a GPU the kernel is also launched there once, to make sure numba compiles it.
+thread that read past the end of an array (a missing guard), a thread that read what another
+thread of its block wrote with no `cuda.syncthreads()` between them (a missing barrier), a barrier
+that only some threads reach, a read of shared memory (or of an output) that nothing wrote. Every
+learner's kernel is traced by one function, `_trace`. On a machine with a GPU the kernel is also
+launched there once, to make sure numba compiles it.
 
 The references are written here in NumPy, independently of `course.kernels`. The library's
 host functions that an exercise asks the learner to write are listed in its `forbid` (the shared
@@ -191,6 +193,8 @@ def _races(report, on):
     (b1, t1, k1), (b2, t2, k2) = r.first, r.second
     who1, who2 = _thread(report, b1, t1), _thread(report, b2, t2)
     element = f"{r.array}[{', '.join(map(str, r.index))}]"
+    if r.alias is not None:
+        element += f" (the same memory as {r.alias[0]}[{', '.join(map(str, r.alias[1]))}])"
     if k1 != "read" and k2 != "read":
         if who1.startswith("thread ") and who2.startswith("thread ") and " of " not in who1 + who2:
             writers = f"threads {who1[7:]} and {who2[7:]}"  # "threads 3 and 4"
@@ -210,22 +214,62 @@ def _races(report, on):
                       f"cuda.syncthreads() between them, on {on}, so which value it read is left to chance")
 
 
-def _uninitialised_shared(report, params, on):
-    """A read of a shared element that no thread of the block had written: garbage on a GPU.
-    The shared arrays are the traced arrays that are not parameters of the kernel."""
-    for name in [n for n in report.arrays if n not in params]:
+def _barriers(report, on):
+    """A syncthreads() that only some threads of a block reach: undefined behaviour on a GPU (it may
+    hang, or go on with some threads not waiting), whatever the result on the tracer."""
+    if not report.barrier_issues:
+        return
+    issue = report.barrier_issues[0]
+    waiting = report.threads_in_words(None, issue.waiting)
+    block = _element(issue.block[:len(report.grid)])
+    if issue.skipped:
+        raise CheckFailed(f"a cuda.syncthreads() that only some threads reach, on {on}: {waiting} of block "
+                          f"{block} waited at it, but {report.threads_in_words(None, issue.skipped)} "
+                          f"had already left the kernel. On a GPU that is undefined behaviour (it may hang or "
+                          f"give a wrong sum): every thread of a block must reach every barrier, so keep the "
+                          f"barrier outside any `if` on the thread index, and never `return` before one")
+    raise CheckFailed(f"the threads of block {block} wait at different cuda.syncthreads() calls "
+                      f"(lines {', '.join(map(str, issue.lines))}), on {on}: on a GPU that is undefined behaviour. "
+                      f"Put one barrier where every thread passes, outside any `if` on the thread index")
+
+
+def _warps(report, on):
+    if report.warp_issues:
+        raise CheckFailed(f"{report.warp_issues[0]}, on {on}")
+
+
+def _uninitialised_shared(report, on):
+    """A read of a shared element that no thread of the block had written: garbage on a GPU."""
+    if report.uninitialised:
+        u = report.uninitialised[0]
+        who = _thread(report, u.block, u.thread)
+        raise CheckFailed(f"{who} read {u.array}[{', '.join(map(str, u.index))}] before any thread of its "
+                          f"block wrote it, on {on}: shared memory starts with garbage on a GPU, "
+                          f"so every slot that is read must be written first (with 0 where there "
+                          f"is no element)")
+
+
+def _outputs_read_first(report, outputs, on):
+    """An output element read before the reading thread (or a barrier) made it: on a GPU an output
+    array holds whatever was there before (`c[row, col] += ...` adds to garbage)."""
+    for name in outputs:
         written = {}
         for index, acc in report.accesses(name):
             key = (acc.block, index)
-            if acc.kind == "read":
-                ok = any(p < acc.phase or (p == acc.phase and t == acc.thread) for p, t in written.get(key, ()))
-                if not ok:
+            if acc.kind != "write":
+                if not any(p < acc.phase or t == acc.thread for p, t in written.get(key, ())):
                     who = _thread(report, acc.block, acc.thread)
-                    raise CheckFailed(f"{who} read {name}[{', '.join(map(str, index))}] before any thread of its "
-                                      f"block wrote it, on {on}: shared memory starts with garbage on a GPU, "
-                                      f"so every slot that is read must be written first (with 0 where there "
-                                      f"is no element)")
-            else:
+                    element = f"{name}[{', '.join(map(str, index))}]"
+                    if acc.kind == "atomic":
+                        raise CheckFailed(f"{who} added into {element} (an atomic update) before any thread wrote "
+                                          f"it, on {on}: the output holds garbage on a GPU before your kernel "
+                                          f"runs, so the sum starts from garbage. Write each element of {name} "
+                                          f"once, from a sum made in shared memory or a local variable")
+                    raise CheckFailed(f"{who} read {element} before writing it, on "
+                                      f"{on}: the output holds garbage on a GPU before your kernel runs "
+                                      f"(`{name}[...] += ...` adds to it). Add up in a local variable and write "
+                                      f"each element of {name} once")
+            if acc.kind != "read":
                 written.setdefault(key, []).append((acc.phase, acc.thread))
 
 
@@ -238,16 +282,31 @@ def _unwritten(report, array, on):
 
 
 def _run(candidate, grid, block, args, on, outputs=()):
-    """Trace the kernel, then fail on the first of: an out-of-bounds access, a race, a read of
-    uninitialised shared memory, an output element no thread wrote. Returns the report."""
+    """Trace the kernel, then fail on the first of: an out-of-bounds access, a barrier that only some
+    threads reach, a wrong use of a warp function, a race, a read of uninitialised shared memory or
+    of an output, an output element no thread wrote. `outputs`: the positions of the output arrays
+    among the arguments; they start as nan, as garbage would on a GPU. Returns the report."""
+    for k in outputs:
+        if np.issubdtype(args[k].dtype, np.floating):
+            args[k][...] = np.nan
     report = _trace(candidate, grid, block, *args, on=on)
+    params = _params(candidate)
+    names = [params[k] for k in outputs if k < len(params)]
     _out_of_bounds(report, on)
+    _barriers(report, on)
+    _warps(report, on)
     _races(report, on)
-    fn = getattr(candidate, "py_func", None) or candidate
-    _uninitialised_shared(report, fn.__code__.co_varnames[:fn.__code__.co_argcount], on)
-    for name in outputs:
+    _uninitialised_shared(report, on)
+    _outputs_read_first(report, names, on)
+    for name in names:
         _unwritten(report, name, on)
     return report
+
+
+def _params(candidate):
+    fn = getattr(candidate, "py_func", None) or candidate
+    code = fn.__code__
+    return list(code.co_varnames[:code.co_argcount])
 
 
 def _on_device(candidate, grid, block, args, on):
@@ -291,9 +350,13 @@ def _(candidate, rng):
         got = _call(candidate, bi, bd, ti, on=on)
         expected = (bi[0] * bd[0] + ti[0], bi[1] * bd[1] + ti[1])
         try:
-            pair = tuple(int(v) for v in got)
+            values = [float(v) for v in got]
         except (TypeError, ValueError):
             raise CheckFailed(f"expected a pair (x, y) of whole numbers, got {got!r} on {on}") from None
+        if any(v != int(v) for v in values):
+            raise CheckFailed(f"expected a pair (x, y) of whole numbers, got {got!r} on {on}: a thread "
+                              f"index counts threads, so it has no fraction")
+        pair = tuple(int(v) for v in values)
         if len(pair) != 2:
             raise CheckFailed(f"expected a pair (x, y), got {len(pair)} numbers on {on}")
         if pair == expected[::-1] and pair != expected:
@@ -316,7 +379,7 @@ def _(candidate, rng):
         out = np.zeros(n, np.float32)
         alpha = np.float32(rng.choice([2.0, -0.5, 3.0]))
         on = f"x of length {n}, alpha={alpha:g}, {blocks} block(s) of {threads} threads"
-        _run(candidate, blocks, threads, (x, alpha, out), on, outputs=("out",))
+        _run(candidate, blocks, threads, (x, alpha, out), on, outputs=(2,))
         expect_close(out, alpha * x, on=on, rtol=1e-6, atol=1e-6, what="out")
     n = 37
     x, out = _f32(n, rng=rng), np.zeros(n, np.float32)
@@ -346,7 +409,7 @@ def _(candidate, rng):
         if min(grid) < 1:
             raise CheckFailed(f"a grid of {grid} blocks has no blocks on {on}")
         out = np.zeros(shape, np.float32)
-        report = K.trace(_fill, grid, block, out)
+        report = _trace(_fill, grid, block, out, on=on + f", launched with your grid {grid}")
         _unwritten(report, "out", on + f", launched with your grid {grid}")
         raise CheckFailed(f"your grid {grid} covers every element, but {expected} is the smallest grid that "
                           f"does; the extra blocks have no element to work on, on {on}")
@@ -377,7 +440,7 @@ def _(candidate, rng):
         out = np.zeros(shape, np.float32)
         grid = _grid2(shape, block)
         on = f"matrices of shape {shape}, a grid of {grid} blocks of {block} threads"
-        _run(candidate, grid, block, (a, b, out), on, outputs=("out",))
+        _run(candidate, grid, block, (a, b, out), on, outputs=(2,))
         expect_close(out, a + b, on=on, rtol=1e-6, atol=1e-6, what="out")
     shape = (5, 7)
     a, b, out = _f32(*shape, rng=rng), _f32(*shape, rng=rng), np.zeros(shape, np.float32)
@@ -395,7 +458,7 @@ def _(candidate, rng):
         out = np.zeros(n, np.float32)
         alpha = np.float32(rng.choice([2.0, -1.5]))
         on = f"x of length {n}, alpha={alpha:g}, only {blocks} block(s) of {threads} threads"
-        _run(candidate, blocks, threads, (x, alpha, out), on, outputs=("out",))
+        _run(candidate, blocks, threads, (x, alpha, out), on, outputs=(2,))
         expect_close(out, alpha * x, on=on, rtol=1e-6, atol=1e-6, what="out")
 
 
@@ -410,7 +473,7 @@ def _(candidate, rng):
         x = _f32(n, rng=rng)
         original = x.copy()
         on = f"x of length {n}, one block of {n} threads"
-        _run(candidate, 1, n, (x,), on, outputs=("x",))
+        _run(candidate, 1, n, (x,), on)  # x is read and written: the middle element may stay
         expect_close(x, original[::-1], on=on, rtol=0, atol=0, what="x after the kernel")
 
 
@@ -426,7 +489,7 @@ def _(candidate, rng):
         x = (rng.integers(-8, 9, size=n)).astype(np.float32)  # whole numbers: sums exact in any order
         partial = np.zeros(blocks, np.float32)
         on = f"x of length {n}, {blocks} block(s) of {TPB} threads"
-        _run(candidate, blocks, TPB, (x, partial), on, outputs=("partial",))
+        _run(candidate, blocks, TPB, (x, partial), on, outputs=(1,))
         padded = np.zeros(blocks * TPB, np.float32)
         padded[:n] = x
         expect_close(partial, padded.reshape(blocks, TPB).sum(axis=1), on=on, rtol=0, atol=0,
@@ -455,8 +518,40 @@ def _(candidate, rng):
         x, w = x.astype(np.float32), w.astype(np.float32)
         out = np.zeros_like(x)
         on = f"{on}, one block of {TPB} threads per row"
-        _run(candidate, x.shape[0], TPB, (x, w, eps, out), on, outputs=("out",))
+        _run(candidate, x.shape[0], TPB, (x, w, eps, out), on, outputs=(3,))
         expect_close(out, _rms_norm_rows(x, w, 1e-5), on=on, rtol=1e-4, atol=1e-5, what="out")
+
+
+WARP_BLOCK = 64  # threads per block in 6.2.4: two warps
+
+
+@exercise("6.2.4", hint="each warp adds its 32 values with cuda.shfl_down_sync(0xFFFFFFFF, v, delta) for delta = "
+                        "16, 8, 4, 2, 1 (every lane takes part in every shuffle, 0 past the end), then its lane 0 "
+                        "adds the warp's sum into total[0] with cuda.atomic.add")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    for n in [64, 37, 100, 130, int(rng.integers(1, 200))]:
+        blocks = -(-n // WARP_BLOCK)
+        x = rng.integers(-8, 9, size=n).astype(np.float32)  # whole numbers: sums exact in any order
+        total = np.zeros(1, np.float32)
+        on = f"x of length {n}, {blocks} block(s) of {WARP_BLOCK} threads, total = [0] before the launch"
+        report = _trace(candidate, blocks, WARP_BLOCK, x, total, on=on)
+        _out_of_bounds(report, on)
+        _barriers(report, on)
+        _warps(report, on)
+        if report.races:
+            r = report.races[0]
+            if r.array in _params(candidate)[1:2]:
+                raise CheckFailed(f"{_thread(report, *r.first[:2])} and {_thread(report, *r.second[:2])} both "
+                                  f"updated {r.array}[0] with a plain read and write, on {on}: when two warps do "
+                                  f"that at once, one addition is lost. Use cuda.atomic.add")
+            _races(report, on)
+        _uninitialised_shared(report, on)
+        expect(total[0] == x.sum(), f"expected total[0] = {x.sum():g}, got {total[0]:g} on {on}")
+        adds = int(report.per_thread("global", "atomic").sum())
+        warps = blocks * WARP_BLOCK // 32
+        expect(adds <= warps, f"your kernel made {adds} atomic additions on {on}, where one per warp "
+                                  f"({warps}) is enough: add up within the warp with shuffles first")
 
 
 # ===== 6.3 matrix multiplication ===================================================================
@@ -478,7 +573,7 @@ def _run_matmul(candidate, rng):
         c = np.zeros((m, n), np.float32)
         grid = _grid2((m, n), (TILE, TILE))
         on = f"a of shape {(m, k)}, bt of shape {(n, k)}, a grid of {grid} blocks of {(TILE, TILE)} threads"
-        report = _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=("c",))
+        report = _run(candidate, grid, (TILE, TILE), (a, bt, c), on, outputs=(2,))
         expect_close(c, a.astype(np.float64) @ bt.T.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
         yield (m, k, n), on, report
 
@@ -507,11 +602,34 @@ def _tiled_reads(m, k, n, tile):
           task="compute c from tiles in shared memory")
 def _(candidate, rng):
     for (m, k, n), on, report in _run_matmul(candidate, rng):
-        reads = sum(1 for name in ("a", "bt") for _, acc in report.accesses(name) if acc.kind == "read")
+        names = _params(candidate)[:2]
+        reads = sum(1 for name in names for _, acc in report.accesses(name) if acc.kind == "read")
         expected = _tiled_reads(m, k, n, TILE)
-        expect(reads <= expected, f"your kernel read a and bt {reads} times from global memory, where loading "
-                                  f"each tile element once takes {expected}, on {on}: read them only in the "
-                                  f"tile load, and compute from the tiles")
+        if reads <= expected:
+            continue
+        per_thread = {}  # reads of each array by each thread in each phase: 1 in a tile load
+        for name in names:
+            for _, acc in report.accesses(name):
+                key = (name, acc.block, acc.phase, acc.thread)
+                per_thread[key] = per_thread.get(key, 0) + 1
+        seen = {}
+        for name in names:  # two threads of a block each loading one element, the same one: clamping
+            for index, acc in report.accesses(name):
+                key = (name, acc.block, acc.phase, index)
+                if (acc.kind == "read" and key in seen and seen[key] != acc.thread
+                        and per_thread[(name, acc.block, acc.phase, acc.thread)] == 1
+                        and per_thread[(name, acc.block, acc.phase, seen[key])] == 1):
+                    raise CheckFailed(
+                        f"your kernel read {names[0]} and {names[1]} {reads} times from global memory, where "
+                        f"loading each tile element once takes {expected}, on {on}: "
+                        f"{_thread(report, acc.block, seen[key])} and {_thread(report, acc.block, acc.thread)} "
+                        f"both read {name}[{', '.join(map(str, index))}] for one tile. A thread whose element "
+                        f"lies outside the matrix should store 0 without reading anything (a clamped index "
+                        f"reads a real element once more)")
+                seen.setdefault(key, acc.thread)
+        raise CheckFailed(f"your kernel read {names[0]} and {names[1]} {reads} times from global memory, where "
+                          f"loading each tile element once takes {expected}, on {on}: read them only in the "
+                          f"tile load, and compute from the tiles")
 
 
 @exercise("6.3.3", hint="each block loads its tiles one element per thread, only the elements inside the "
@@ -533,6 +651,48 @@ def _(candidate, rng):
         expect(value == expected, f"expected {expected} reads, got {got!r} on {on}")
 
 
+T32, ROWS = 32, 8  # 6.3.5: 32 x 32 tiles, blocks of 32 x 8 threads
+
+
+def _transpose_reference(x, out):
+    """The transpose of lesson 6.3 through a padded tile, with guards for any shape: the figures a
+    learner's kernel is held to."""
+    tile = cuda.shared.array((T32, T32 + 1), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@exercise("6.3.5", hint="load the block's 32 x 32 tile of x row by row (thread x along the columns of x), "
+                        "then write out row by row (thread x along the columns of out) from a column of the "
+                        "tile; give the tile 33 columns, and guard both loops against the matrix's edges")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    cases = [(40, 33), (5, 70), (int(rng.integers(1, 40)), int(rng.integers(1, 40)))]  # edges on both axes
+    for m, n in cases:
+        x = _f32(m, n, rng=rng)
+        out = np.zeros((n, m), np.float32)
+        grid = (-(-n // T32), -(-m // T32))
+        on = f"x of shape {(m, n)}, a grid of {grid} blocks of {(T32, ROWS)} threads"
+        report = _run(candidate, grid, (T32, ROWS), (x, out), on, outputs=(1,))
+        expect_close(out, x.T, on=on, rtol=0, atol=0, what="out")
+        reference = _trace(_transpose_reference, grid, (T32, ROWS), x, np.zeros((n, m), np.float32), on=on)
+        conflicts = report.bank_conflicts()
+        expect(conflicts == 0, f"the warps' accesses to your shared tile had {conflicts} bank conflicts on {on}: "
+                               f"a column of a tile 32 floats wide lies in one bank; one more column spreads it")
+        got, best = report.transactions(), reference.transactions()
+        expect(got <= best, f"your kernel's warps needed {got} transactions of 32 bytes where {best} suffice, on "
+                            f"{on}: neighbouring threads (threadIdx.x) should read neighbouring numbers of x and "
+                            f"write neighbouring numbers of out")
+
+
 def _scan_reference(u, delta, A, B, C, D):
     """mamba-minimal's selective scan, step by step in float64."""
     b, l, d = u.shape
@@ -552,7 +712,8 @@ def _scan_reference(u, delta, A, B, C, D):
           task="run the recurrence of one (sequence, channel) per thread")
 def _(candidate, rng):
     _refuse_library(candidate)
-    cases = [(1, 1, 1, 1), (2, 5, 3, 4), (1, 7, 5, 2), (3, 4, 2, 16)]
+    # b * d_in of 48 and 74: two and three blocks, the last one partly used
+    cases = [(1, 1, 1, 1), (2, 5, 3, 4), (1, 7, 5, 2), (3, 4, 2, 16), (3, 2, 16, 2), (2, 2, 37, 3)]
     cases += [tuple(int(v) for v in rng.integers(1, 6, size=4))]
     for b, l, d, n in cases:
         u = _f32(b, l, d, rng=rng)
@@ -563,7 +724,7 @@ def _(candidate, rng):
         y = np.zeros((b, l, d), np.float32)
         blocks = -(-(b * d) // TPB)
         on = f"b={b}, l={l}, d_in={d}, n={n}, {blocks} block(s) of {TPB} threads"
-        _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=("y",))
+        _run(candidate, blocks, TPB, (u, delta, A, B, C, D, y), on, outputs=(6,))
         expect(not np.isnan(y).any(), f"y has nan on {on}: a cuda.local.array starts with garbage on a GPU (the "
                                       f"tracer fills it with nan), so write each slot before the first read")
         expect_close(y, _scan_reference(u, delta, A, B, C, D), on=on, rtol=1e-4, atol=1e-5, what="y")
@@ -595,7 +756,7 @@ def _(candidate, rng):
         s, g = s.astype(np.float32), g.astype(np.float32)
         dx = np.zeros_like(s)
         on = f"{on}, one block of {TPB} threads per row"
-        _run(candidate, s.shape[0], TPB, (s, g, dx), on, outputs=("dx",))
+        _run(candidate, s.shape[0], TPB, (s, g, dx), on, outputs=(2,))
         expect_close(dx, _softmax_backward_reference(s, g), on=on, rtol=1e-4, atol=1e-6, what="dx")
 
 
@@ -621,8 +782,8 @@ class _WatchedKernel:
                                       f"back); the check follows what each thread does with them")
                 host.append(a)
             try:
-                report = K.trace(self.py_func, grid, block, *host)
-            except ValueError as err:
+                report = _trace(self.py_func, grid, block, *host)
+            except CheckFailed as err:
                 raise CheckFailed(f"{self.__name__} could not be launched: {err}") from None
             self.launches.append((grid, block))
             on = f"your launch {self.__name__}[{grid}, {block}] on an array of shape {np.shape(host[0])}"

@@ -9,7 +9,9 @@
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels
         logits, loss = model(x, y)
     K.launches()                        # {kernel name: launches} since reset_launches()
-    report = K.trace(kernel, griddim, blockdim, *args)   # who touched what; races; missing guards
+    report = K.trace(kernel, griddim, blockdim, *args)   # who touched what; races; missing guards;
+                                        # unwritten shared memory, partial barriers, warp misuse;
+                                        # per-thread counts, bank conflicts, transactions
 
 Importing this package chooses where CUDA kernels run (`_backend`): a real GPU when numba can
 use one, else Numba's CUDA simulator, which runs every GPU thread as a Python thread on the CPU:

@@ -124,7 +124,7 @@ def reduce_rows(x):
     x = as_float32(x, "reduce_rows")
     if x.ndim == 0:
         raise ValueError("reduce_rows: takes an array with at least one axis")
-    flat = x.reshape(x.shape[0], -1)
+    flat = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))  # not -1: that fails on zero rows
     out = cuda.device_array(flat.shape[1], dtype=np.float32)
     if flat.shape[1]:
         if flat.shape[0] == 0:

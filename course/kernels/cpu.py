@@ -29,6 +29,11 @@ from numba import njit, prange
 
 from .launch import count
 
+# The rows kernels may reorder sums (fastmath's reassociation, so loops vectorise) but must keep nan
+# and inf as NumPy does: a row holding one gives nan, never an error. Without "nnan"/"ninf" the
+# compiler may not assume they are absent, and error_model="numpy" makes 1/0 give inf, not raise.
+ROWS_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
 # Below this many multiply-adds a call takes well under a millisecond on one thread, and sharing it
 # out costs more than it saves.
 PARALLEL_WORK = 1 << 21
@@ -110,8 +115,10 @@ def _column_sum(x, out):
 
 def reduce_rows(x):
     """x.sum(axis=0)."""
+    if np.ndim(x) == 0:
+        raise ValueError("cpu.reduce_rows: takes an array with at least one axis")
     x = _floats(x, "reduce_rows")
-    flat = x.reshape(x.shape[0], -1)
+    flat = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))  # not -1: that fails on zero rows
     out = np.empty(flat.shape[1], dtype=x.dtype)
     _column_sum(flat, out)
     count("cpu.reduce_rows")
@@ -190,7 +197,7 @@ def softmax_backward(s, g):
     return dx
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=ROWS_FASTMATH, error_model="numpy")
 def _layer_norm(x, weight, bias, eps, out, mean, rstd):
     n = x.shape[1]
     for r in range(x.shape[0]):
@@ -209,7 +216,7 @@ def _layer_norm(x, weight, bias, eps, out, mean, rstd):
         rstd[r] = rs
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=ROWS_FASTMATH, error_model="numpy")
 def _layer_norm_backward(x, weight, mean, rstd, g, dx):
     n = x.shape[1]
     for r in range(x.shape[0]):
@@ -226,7 +233,7 @@ def _layer_norm_backward(x, weight, mean, rstd, g, dx):
             dx[r, j] = rs * (g[r, j] * weight[j] - s1 - (x[r, j] - mu) * rs * s2)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=ROWS_FASTMATH, error_model="numpy")
 def _layer_norm_params_backward(x, mean, rstd, g, dweight, dbias):
     # Sums down the columns, read row after row (in memory order), as in _column_sum.
     dweight[:] = 0

@@ -25,6 +25,7 @@ results never change, only where they are computed:
 """
 
 import functools
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -38,12 +39,25 @@ from . import matmul as _gpu_matmul
 DEVICES = ("cpu", "cuda")
 
 
+class KernelFallbackWarning(UserWarning):
+    """Operations inside use_kernels(...) that the kernels cannot take, run by the NumPy path instead."""
+
+
+_said = {"float64": False}  # said once per use_kernels block
+
+
 class _Cuda:
     """The CUDA host functions, under the names the operations use (batches are a loop of launches)."""
 
     @staticmethod
     def supports(*arrays):
-        return all(a is None or a.dtype == np.float32 for a in arrays)
+        ok = all(a is None or a.dtype == np.float32 for a in arrays)
+        if not ok and not _said["float64"] and any(a is not None and a.dtype == np.float64 for a in arrays):
+            _said["float64"] = True
+            warnings.warn("use_kernels('cuda'): the CUDA kernels take float32, so these float64 tensors run on "
+                          "the NumPy path, with no launch; convert the model to float32 (model.astype(np.float32)) "
+                          "to run it on the kernels", KernelFallbackWarning, stacklevel=4)
+        return ok
 
     @staticmethod
     def matmul(a, b):
@@ -232,6 +246,7 @@ def use_kernels(device):
     _lib(device)  # an unknown device is refused here, before anything changes
     import course.mamba  # noqa: F401  (registers selective_scan, so that it can be swapped too)
 
+    _said["float64"] = False
     known = set(dispatch.names())
     replacements = {name: functools.partial(op, device=device) for name, op in OPERATIONS.items() if name in known}
     with dispatch.override(replacements):

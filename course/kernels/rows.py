@@ -100,11 +100,23 @@ def layer_norm_kernel(x, weight, bias, eps, out, mean, rstd):
         s += x[row, j]
     inv_n = float32(1) / float32(n)  # float32 all the way: float64 is slow on most GPUs
     mu = block_sum(cache, s) * inv_n
+    # Two passes: sum((x - mu)^2) loses less than sum(x^2) - n mu^2. The squares are taken of
+    # (x - mu) / m, m the largest |x - mu| of the row, so that they cannot overflow float32 (a row
+    # such as [3e38, -3e38, 1] would give inf, then zeros).
+    m = float32(0)
+    for j in range(t, n, cuda.blockDim.x):
+        m = max(m, abs(x[row, j] - mu))
+    m = block_max(cache, m)
     s = float32(0)
-    for j in range(t, n, cuda.blockDim.x):  # two passes: sum((x - mu)^2) loses less than sum(x^2) - n mu^2
-        d = x[row, j] - mu
-        s += d * d
-    r = float32(1) / math.sqrt(block_sum(cache, s) * inv_n + eps)
+    if m > 0:
+        for j in range(t, n, cuda.blockDim.x):
+            d = (x[row, j] - mu) / m
+            s += d * d
+    q = block_sum(cache, s) * inv_n  # the variance is m^2 q, with 1/n <= q <= 1 (or 0 when m = 0)
+    if m < float32(1e18):  # m^2 q fits float32
+        r = float32(1) / math.sqrt(m * m * q + eps)
+    else:  # m^2 q is far above eps: leave eps out, and never form m^2
+        r = float32(1) / (m * math.sqrt(q))
     for j in range(t, n, cuda.blockDim.x):
         out[row, j] = (x[row, j] - mu) * r * weight[j] + bias[j]
     if t == 0:
