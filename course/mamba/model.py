@@ -225,6 +225,22 @@ class Mamba(nn.Module):
     def dtype(self):
         return self.embedding.weight.dtype
 
+    # ----- released checkpoints (lesson 5.5), in course/mamba/pretrained.py ------------------------
+    @classmethod
+    def from_pretrained(cls, source, dtype=np.float32):
+        """A Mamba with released weights: `source` is a folder holding config.json + model.safetensors
+        (Hugging Face's layout or mamba_ssm's original one), or a hub name such as
+        "state-spaces/mamba-130m-hf" (downloaded with huggingface_hub)."""
+        from .pretrained import load_mamba
+
+        return load_mamba(cls, source, dtype)
+
+    def save_pretrained(self, folder):
+        """Write config.json + model.safetensors in Hugging Face's layout; returns the folder."""
+        from .pretrained import save_mamba
+
+        return save_mamba(self, folder)
+
     # ----- names: lm_head.weight is a second name of embedding.weight -----------------------------
     def state_dict(self):
         state = super().state_dict()
