@@ -397,3 +397,17 @@ def test_the_course_encodes_any_text_as_tokenizers_does(trained_bpe):
         assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=False)
 
     same()
+
+
+def test_skip_init_builds_zeros_without_random_draws_and_is_undone_after():
+    from course import nn
+
+    with pytest.raises(RuntimeError):
+        with nn.skip_init():
+            linear, table = nn.Linear(3, 2), nn.Embedding(4, 3)
+            model = GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))
+            raise RuntimeError("leaving the block by an error")
+    assert not linear.weight.data.any() and not linear.bias.data.any() and not table.weight.data.any()
+    assert not model.transformer.h[0].mlp.c_fc.weight.data.any()
+    assert nn.Linear(3, 2).weight.data.any()  # outside the block, random again
+    assert GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4)).lm_head.weight.data.any()

@@ -184,7 +184,8 @@ class GPT(nn.Module):
             # GPT-2 reads its output scores with the token embedding itself: one Parameter under two
             # names (named_parameters() lists it once, as transformer.wte.weight).
             self.lm_head.weight = self.transformer.wte.weight
-        self.init_weights(seed)
+        if nn.initialising():  # not inside nn.skip_init(), where a checkpoint is about to fill every weight
+            self.init_weights(seed)
 
     @property
     def tied(self):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import nn
 from ..pretrained import CheckpointError, read_config, read_safetensors, resolve, write_config, write_safetensors
 from .model import GPTConfig
 
@@ -97,7 +98,8 @@ def load_gpt2(cls, source, dtype=np.float32):
     config = config_from_hf(read_config(folder / "config.json"), where=str(folder / "config.json"))
     file = folder / "model.safetensors"
     tensors = read_safetensors(file)
-    model = cls(config, seed=0)
+    with nn.skip_init():  # every weight comes from the file: no random draws to throw away
+        model = cls(config, seed=0)
     params = dict(model.named_parameters())
     state = {}
     unexpected = []

@@ -124,9 +124,10 @@ class MambaBlock(nn.Module):
         # The bias is softplus's inverse of such a delta (so a zero input gives exactly it); the
         # weight is uniform in +-dt_rank^-0.5. This is the official Mamba's initialisation.
         std = r ** -0.5
-        self.dt_proj.weight.data = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
-        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
-        self.dt_proj.bias.data = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
+        if nn.initialising():  # not inside nn.skip_init(), where a checkpoint is about to fill every weight
+            self.dt_proj.weight.data = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
+            dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
+            self.dt_proj.bias.data = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
         # A = -exp(A_log) = -(1, 2, ..., n) in every channel: state i decays at rate i, a range of
         # memories from long to short (S4D-Real). Stored as a log so that A stays negative: h stays bounded.
         self.A_log = nn.Parameter(np.log(np.tile(np.arange(1, n + 1, dtype=np.float32), (d_in, 1))))
@@ -207,7 +208,8 @@ class Mamba(nn.Module):
         self.embedding = nn.Embedding(c.padded_vocab_size, c.d_model, rng=rng)
         # Small embeddings (std 0.02, as the official Mamba initialises them): the table is also the
         # output layer, and unit-variance rows would start the model with very confident guesses.
-        self.embedding.weight.data = rng.normal(0.0, 0.02, self.embedding.weight.shape).astype(np.float32)
+        if nn.initialising():
+            self.embedding.weight.data = rng.normal(0.0, 0.02, self.embedding.weight.shape).astype(np.float32)
         self.layers = nn.ModuleList([ResidualBlock(c, rng) for _ in range(c.n_layer)])
         self.norm_f = RMSNorm(c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.padded_vocab_size, bias=False, rng=rng)

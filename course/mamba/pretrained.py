@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import nn
 from ..pretrained import CheckpointError, read_config, read_safetensors, resolve, write_config, write_safetensors
 from .model import PAD_VOCAB_SIZE_MULTIPLE, MambaConfig
 
@@ -132,7 +133,8 @@ def load_mamba(cls, source, dtype=np.float32):
     config, form = config_from_file(read_config(folder / "config.json"), where=str(folder / "config.json"))
     file = folder / "model.safetensors"
     state, unexpected = _course_names(read_safetensors(file), file)
-    model = cls(config, seed=0)
+    with nn.skip_init():  # every weight comes from the file: no random draws to throw away
+        model = cls(config, seed=0)
     params = dict(model.named_parameters())
     unexpected += [n for n in state if n not in params and n != "lm_head.weight"]
     if unexpected:
