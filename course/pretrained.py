@@ -72,7 +72,8 @@ def _download(name, files, optional):
     except Exception as e:  # offline, unknown repository, gated model...: one message for all
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
-            f"could not download {name!r} from the Hugging Face Hub ({type(e).__name__}: {first}). "
+            f"{name!r} is not a folder here, and could not download {name!r} from the Hugging Face Hub "
+            f"({type(e).__name__}: {first}). "
             f"Is the machine online and the name right? Offline, pass the path of a folder holding "
             f"{' and '.join(files)}") from None
     missing = [f for f in files if not (folder / f).is_file()]

@@ -215,7 +215,7 @@ def test_a_hub_name_offline_says_which_folder_to_pass(monkeypatch):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
     monkeypatch.setattr(hub, "snapshot_download", offline)
-    with pytest.raises(CheckpointError, match=r"could not download 'gpt2' from the Hugging Face Hub \(OSError: "
+    with pytest.raises(CheckpointError, match=r"'gpt2' is not a folder here, and could not download 'gpt2' from the Hugging Face Hub \(OSError: "
                                               r"We couldn't connect.*Offline, pass the path of a folder holding "
                                               r"config\.json and model\.safetensors"):
         GPT.from_pretrained("gpt2")
