@@ -257,6 +257,10 @@ def test_a_tokenizer_written_in_gpt2s_files_reads_back_the_same(tmp_path):
     eot = back.special_tokens["<|endoftext|>"]
     assert back.encode("Speak<|endoftext|>speak") == tok.encode("Speak") + [eot] + tok.encode("speak")
     assert back.decode([eot]) == "<|endoftext|>"
+    with pytest.raises(ValueError, match="read from GPT-2's files.*save_pretrained"):
+        back.save(tmp_path / "tok.json")
+    again = BPETokenizer.from_pretrained(back.save_pretrained(tmp_path / "again"))
+    assert again.encode(TEXT[:500] + "<|endoftext|>") == back.encode(TEXT[:500] + "<|endoftext|>")
 
 
 def test_the_course_pattern_is_unchanged_and_gpt2s_needs_regex():

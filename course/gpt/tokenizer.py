@@ -317,6 +317,9 @@ class BPETokenizer:
     # ---- files -------------------------------------------------------------------------------
 
     def save(self, path):
+        if self._to_file is not None:
+            raise ValueError("save: this tokenizer was read from GPT-2's files, whose ids and special tokens the "
+                             "course's JSON format cannot hold: write it with save_pretrained(folder)")
         data = {"type": "bpe", "version": 1, "pattern": self.pattern,
                 "merges": [list(p) for p in self.merges]}
         Path(path).write_text(json.dumps(data), encoding="utf-8")
