@@ -15,7 +15,7 @@ saved as NumPy arrays loads here by name, and the other way round.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -35,10 +35,16 @@ class GPTConfig:
     n_head: int
     n_embd: int
     dropout: float = 0.0
-    # What GPT-2's checkpoints need as well (the defaults are minGPT's model, unchanged):
-    layer_norm_epsilon: float = 1e-5  # the eps of every LayerNorm
-    n_inner: object = None  # the MLP's hidden width; None: 4 * n_embd
-    tie_word_embeddings: bool = False  # lm_head.weight is transformer.wte.weight (one array), as in GPT-2
+    # What GPT-2's checkpoints need as well (the defaults are minGPT's model, unchanged; the repr
+    # shows them only when they differ from these):
+    layer_norm_epsilon: float = field(default=1e-5, repr=False)  # the eps of every LayerNorm
+    n_inner: object = field(default=None, repr=False)  # the MLP's hidden width; None: 4 * n_embd
+    tie_word_embeddings: bool = field(default=False, repr=False)  # lm_head.weight is transformer.wte.weight
+
+    def __repr__(self):
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.repr or getattr(self, f.name) != f.default]
+        return f"GPTConfig({', '.join(shown)})"
 
     @property
     def n_positions(self):
