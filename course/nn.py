@@ -7,6 +7,7 @@ the order they were assigned and names them with dotted paths (`layers.0.weight`
 
 import math
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -131,6 +132,29 @@ class Module:
         return ""
 
 
+_SKIP_INIT = [False]
+
+
+@contextmanager
+def skip_init():
+    """Inside the block, Linear and Embedding start as zeros instead of random draws.
+
+    For a model whose every weight is about to be overwritten (loading a checkpoint): drawing
+    124 million random numbers only to throw them away takes longer than reading the file.
+    """
+    old = _SKIP_INIT[0]
+    _SKIP_INIT[0] = True
+    try:
+        yield
+    finally:
+        _SKIP_INIT[0] = old
+
+
+def initialising():
+    """False inside `skip_init()`: modules that draw their own initial values skip them there too."""
+    return not _SKIP_INIT[0]
+
+
 def _generator(rng):
     """A NumPy generator from `rng`: a generator, a seed, or None for the one `manual_seed` sets."""
     if rng is None:
@@ -152,6 +176,10 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         # Uniform in +-1/sqrt(fan_in) keeps the output's scale near the input's, as PyTorch does.
         bound = 1 / math.sqrt(in_features)
+        if not initialising():
+            self.weight = Parameter(np.zeros((out_features, in_features), dtype=np.float32))
+            self.bias = Parameter(np.zeros(out_features, dtype=np.float32)) if bias else None
+            return
         rng = _generator(rng)
         self.weight = Parameter(rng.uniform(-bound, bound, (out_features, in_features)).astype(np.float32))
         self.bias = Parameter(rng.uniform(-bound, bound, out_features).astype(np.float32)) if bias else None
@@ -170,6 +198,9 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, rng=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if not initialising():
+            self.weight = Parameter(np.zeros((num_embeddings, embedding_dim), dtype=np.float32))
+            return
         table = _generator(rng).standard_normal((num_embeddings, embedding_dim))
         self.weight = Parameter(table.astype(np.float32))
 
@@ -284,4 +315,4 @@ class GELU(Module):
 
 
 __all__ = ["Parameter", "Module", "Linear", "Embedding", "LayerNorm", "Dropout", "Sequential",
-           "ModuleList", "ReLU", "Tanh", "GELU", "Tensor"]
+           "ModuleList", "ReLU", "Tanh", "GELU", "Tensor", "skip_init"]

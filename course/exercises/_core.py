@@ -183,7 +183,9 @@ def unavailable(*paths, task="", namespaces=()):
             dicts = [vars(m) for n, m in list(sys.modules.items())
                      if m is not None and (n == "course" or n.startswith("course."))]
             main = sys.modules.get("__main__")
-            dicts += [d for d in (*namespaces, vars(main) if main else None) if d is not None]
+            home = sys.modules.get(getattr(obj, "__module__", None) or "")  # a library outside course (safetensors)
+            dicts += [d for d in (*namespaces, vars(main) if main else None, vars(home) if home else None)
+                      if d is not None and all(d is not x for x in dicts)]
             # tables that hold it by name, such as the dispatch table that `dispatch.current` reads
             dicts += [v for d in list(dicts) for v in list(d.values())
                       if isinstance(v, dict) and any(x is obj for x in list(v.values()))]

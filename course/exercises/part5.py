@@ -827,3 +827,6 @@ def _(candidate, rng):
                               f"{_gpt_count(V, T, L, got):,}) on {on}: compare the counts, not the widths")
         expect(got == expected, f"expected n_embd={expected} ({_gpt_count(V, T, L, expected):,} parameters), "
                                 f"got {got} ({_gpt_count(V, T, L, got):,} parameters) on {on}")
+
+
+from . import part5_pretrained  # noqa: E402, F401  (lesson 5.5: importing it registers its checks)

@@ -1,4 +1,8 @@
-"""Part 4: minGPT on the course's own tensor engine."""
+"""Part 4: minGPT on the course's own tensor engine.
+
+GPT-2's released files (lesson 4.5): `GPT.from_pretrained(folder or "gpt2")`, `gpt.save_pretrained(folder)`
+and `BPETokenizer.from_pretrained(...)`, in `pretrained` and `tokenizer`.
+"""
 
 from .model import GPT, MLP, Block, CausalSelfAttention, GPTConfig, KVCache, sample_next, top_k_filter
 from .tokenizer import BPETokenizer, CharTokenizer

@@ -15,7 +15,7 @@ saved as NumPy arrays loads here by name, and the other way round.
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -35,6 +35,25 @@ class GPTConfig:
     n_head: int
     n_embd: int
     dropout: float = 0.0
+    # What GPT-2's checkpoints need as well (the defaults are minGPT's model, unchanged; the repr
+    # shows them only when they differ from these):
+    layer_norm_epsilon: float = field(default=1e-5, repr=False)  # the eps of every LayerNorm
+    n_inner: object = field(default=None, repr=False)  # the MLP's hidden width; None: 4 * n_embd
+    tie_word_embeddings: bool = field(default=False, repr=False)  # lm_head.weight is transformer.wte.weight
+
+    def __repr__(self):
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.repr or getattr(self, f.name) != f.default]
+        return f"GPTConfig({', '.join(shown)})"
+
+    @property
+    def n_positions(self):
+        """GPT-2's name for block_size."""
+        return self.block_size
+
+    @property
+    def mlp_width(self):
+        return 4 * self.n_embd if self.n_inner is None else int(self.n_inner)
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -45,6 +64,10 @@ class GPTConfig:
                              f"(each head gets n_embd // n_head channels)")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+        if self.n_inner is not None and int(self.n_inner) < 1:
+            raise ValueError(f"GPTConfig: n_inner must be a positive integer or None, got {self.n_inner}")
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"GPTConfig: layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
 
     def to_dict(self):
         return asdict(self)
@@ -115,8 +138,8 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_width)
+        self.c_proj = nn.Linear(config.mlp_width, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -133,9 +156,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None, layer=0):
@@ -152,7 +175,7 @@ class Transformer(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
 
 class GPT(nn.Module):
@@ -163,7 +186,48 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = Transformer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.init_weights(seed)
+        if config.tie_word_embeddings:
+            # GPT-2 reads its output scores with the token embedding itself: one Parameter under two
+            # names (named_parameters() lists it once, as transformer.wte.weight).
+            self.lm_head.weight = self.transformer.wte.weight
+        if nn.initialising():  # not inside nn.skip_init(), where a checkpoint is about to fill every weight
+            self.init_weights(seed)
+
+    @property
+    def tied(self):
+        return self.lm_head.weight is self.transformer.wte.weight
+
+    # ----- real checkpoints (lesson 4.5): GPT-2's files, in course/gpt/pretrained.py ---------------
+    @classmethod
+    def from_pretrained(cls, source, dtype=np.float32):
+        """A GPT with GPT-2's weights: `source` is a folder in the Hugging Face layout (config.json +
+        model.safetensors) or a hub name such as "gpt2" (downloaded with huggingface_hub)."""
+        from .pretrained import load_gpt2
+
+        return load_gpt2(cls, source, dtype)
+
+    def save_pretrained(self, folder):
+        """Write config.json + model.safetensors in GPT-2's layout (transformers loads it); returns the folder."""
+        from .pretrained import save_gpt2
+
+        return save_gpt2(self, folder)
+
+    def state_dict(self):
+        state = super().state_dict()
+        if self.tied:  # minGPT's names: lm_head.weight is listed too (a copy of the tied array)
+            state["lm_head.weight"] = state["transformer.wte.weight"].copy()
+        return state
+
+    def load_state_dict(self, state, strict=True):
+        if self.tied and "lm_head.weight" in state:
+            state = dict(state)
+            head = state.pop("lm_head.weight")
+            wte = state.get("transformer.wte.weight")
+            if wte is not None and np.shape(head) == np.shape(wte) and not np.array_equal(head, wte):
+                raise ValueError("load_state_dict into GPT: lm_head.weight differs from transformer.wte.weight, "
+                                 "but this model ties them (tie_word_embeddings=True): give them equal, or only "
+                                 "transformer.wte.weight")
+        return super().load_state_dict(state, strict)
 
     def init_weights(self, seed=0):
         """minGPT's initialisation, from its own generator: the same seed gives the same model.

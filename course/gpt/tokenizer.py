@@ -4,6 +4,7 @@
     BPETokenizer.train(text, 512)       byte-level byte-pair encoding with learned merges
     tok.encode(str) -> list[int]        tok.decode(ids) -> str
     tok.save(path), Class.load(path)    JSON files
+    BPETokenizer.from_pretrained(src)   GPT-2's tokenizer, from vocab.json + merges.txt (lesson 4.5)
 
 The character tokenizer is the simplest thing that works, but it only knows the characters it
 was built from. The byte-level BPE tokenizer starts from the 256 possible bytes, so it can encode
@@ -17,7 +18,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["CharTokenizer", "BPETokenizer", "SPLIT_PATTERN"]
+__all__ = ["CharTokenizer", "BPETokenizer", "SPLIT_PATTERN", "GPT2_SPLIT_PATTERN", "bytes_to_unicode"]
 
 
 def _describe(ch):
@@ -102,6 +103,39 @@ class CharTokenizer:
 #   '\s+(?!\S)' then '\s+'     runs of whitespace, leaving the last space to the next word
 SPLIT_PATTERN = r"""'(?:[stdm]|re|ve|ll)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"""
 
+# GPT-2's own pattern, character for character: the same idea, written with Unicode properties
+# (\p{L} a letter, \p{N} a number: in any script), which need the `regex` package.
+GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _compile(pattern):
+    """`re` for the course's pattern; `regex` (a well-kept superset of `re`) when it uses \\p{...}."""
+    if not pattern:
+        return None
+    if "\\p{" in pattern:
+        import regex
+
+        return regex.compile(pattern)
+    return re.compile(pattern)
+
+
+def bytes_to_unicode():
+    """GPT-2's table byte -> a printable character, so that its files can list tokens as text.
+
+    The 188 bytes that are printable characters by themselves ('!'..'~', '¡'..'¬', '®'..'ÿ') stand
+    for themselves; the 68 others (control bytes, the space, ...) get the characters from U+0100 on,
+    in byte order. So the space (byte 32) is written 'Ġ' (U+0120) and a newline 'Ċ' (U+010A).
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
 
 class BPETokenizer:
     """Byte-level byte-pair encoding.
@@ -115,7 +149,11 @@ class BPETokenizer:
 
     def __init__(self, merges=(), pattern=SPLIT_PATTERN):
         self.pattern = pattern
-        self._split = re.compile(pattern) if pattern else None
+        self._split = _compile(pattern)
+        # A tokenizer read from GPT-2's files (from_pretrained) numbers its tokens as the files do,
+        # and knows special tokens; the course's own numbering and none, otherwise.
+        self._to_file = self._from_file = self._special_re = None
+        self.special_tokens, self._special_ids = {}, {}
         self.merges = [tuple(int(t) for t in pair) for pair in merges]
         self.ranks = {}  # pair -> new id; a lower id was learned earlier and is applied first
         self.vocab = {i: bytes([i]) for i in range(256)}
@@ -129,6 +167,8 @@ class BPETokenizer:
 
     @property
     def vocab_size(self):
+        if self._from_file is not None:
+            return max([*self._from_file, *self.special_tokens.values()]) + 1
         return 256 + len(self.merges)
 
     def split(self, text):
@@ -223,18 +263,44 @@ class BPETokenizer:
         return ids
 
     def encode(self, text):
+        if self.special_tokens:  # a special token in the text is that token, never split into pieces
+            out = []
+            for k, piece in enumerate(self._special_re.split(text)):
+                if k % 2:
+                    out.append(self.special_tokens[piece])
+                else:
+                    out.extend(self._encode_plain(piece))
+            return out
+        return self._encode_plain(text)
+
+    def _encode_plain(self, text):
         out = []
         for chunk in self.split(text):
             out.extend(self._encode_chunk(chunk))
+        if self._to_file is not None:
+            return [self._to_file[i] for i in out]
         return out
 
     def decode_bytes(self, ids):
+        if self._from_file is not None:
+            pieces = []
+            for i in ids:
+                i = int(i)
+                if i in self._special_ids:
+                    pieces.append(self._special_ids[i].encode("utf-8"))
+                elif i in self._from_file:
+                    pieces.append(self.vocab[self._from_file[i]])
+                else:
+                    raise ValueError(f"token id {i} is not in the vocabulary of {self.vocab_size} tokens")
+            return b"".join(pieces)
         return b"".join(_look_up(self.vocab, ids))
 
     def decode(self, ids):
         """The text of a list of ids. Ids that do not form valid UTF-8 (for example a sequence
         cut in the middle of a multi-byte character) decode to U+FFFD there."""
         data = self.decode_bytes(ids)
+        if self._from_file is not None:  # as GPT-2's tokenizer does
+            return data.decode("utf-8", errors="replace")
         try:
             return data.decode("utf-8", errors="surrogatepass")
         except UnicodeDecodeError:
@@ -251,6 +317,9 @@ class BPETokenizer:
     # ---- files -------------------------------------------------------------------------------
 
     def save(self, path):
+        if self._to_file is not None:
+            raise ValueError("save: this tokenizer was read from GPT-2's files, whose ids and special tokens the "
+                             "course's JSON format cannot hold: write it with save_pretrained(folder)")
         data = {"type": "bpe", "version": 1, "pattern": self.pattern,
                 "merges": [list(p) for p in self.merges]}
         Path(path).write_text(json.dumps(data), encoding="utf-8")
@@ -261,6 +330,98 @@ class BPETokenizer:
         if data.get("type") != "bpe":
             raise ValueError(f"{path} does not hold a BPETokenizer (type {data.get('type')!r})")
         return cls(data["merges"], pattern=data.get("pattern"))
+
+    @classmethod
+    def from_pretrained(cls, source):
+        """GPT-2's tokenizer (or one in its format) from a folder holding vocab.json and merges.txt,
+        or a hub name such as "gpt2" (downloaded with huggingface_hub).
+
+        It is this class with GPT-2's split pattern and its merges, and only two differences: the
+        files number the tokens their own way (the byte '!' is id 0 in GPT-2, not 33), so ids are
+        translated on the way out and in; and `<|endoftext|>` is a special token: written in the
+        text, it becomes its one id.
+        """
+        from ..pretrained import CheckpointError, resolve
+
+        folder = resolve(source, ["vocab.json", "merges.txt"])
+        vocab_file, merges_file = folder / "vocab.json", folder / "merges.txt"
+        for f in (vocab_file, merges_file):
+            if not f.is_file():
+                raise CheckpointError(f"{f}: file not found (GPT-2's tokenizer is two files, vocab.json "
+                                      f"and merges.txt, in one folder)")
+        try:
+            file_vocab = json.loads(vocab_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{vocab_file}: not a JSON file ({e})") from None
+        if not isinstance(file_vocab, dict) or not all(isinstance(v, int) for v in file_vocab.values()):
+            raise CheckpointError(f"{vocab_file}: expected a JSON object token -> integer id")
+        try:
+            lines = merges_file.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{merges_file}: not a text file ({e})") from None
+
+        to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
+        ids_of = {ch: [b] for ch, b in to_byte.items()}  # a token's text in the files -> its course ids
+        pairs, texts = [], [ch for ch in bytes_to_unicode().values()]  # texts[c]: course id c's text
+        for n, line in enumerate(lines, start=1):
+            if not line.strip() or (n == 1 and line.startswith("#version")):
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2 or parts[0] not in ids_of or parts[1] not in ids_of:
+                raise CheckpointError(f"{merges_file}, line {n}: {line[:60]!r} is not a merge of two known tokens "
+                                      f"('a b', each made by the bytes or the merges above it)")
+            pairs.append(parts)
+            ids_of.setdefault(parts[0] + parts[1], []).append(len(texts))
+            texts.append(parts[0] + parts[1])
+        tok = cls([(ids_of[a][0], ids_of[b][0]) for a, b in pairs], pattern=GPT2_SPLIT_PATTERN)
+        # Two merges may make the same text ("ab c" and "a bc"): the files know one token, so every
+        # course id of that text must take part in the merges that use it.
+        for k, (a, b) in enumerate(pairs):
+            for x in ids_of[a]:
+                for y in ids_of[b]:
+                    tok.ranks.setdefault((x, y), 256 + k)
+        to_file, from_file, special = [], {}, {}
+        for c, text in enumerate(texts):
+            if text not in file_vocab:
+                made = f"byte 0x{c:02X}" if c < 256 else f"merges.txt, merge {c - 255}"
+                raise CheckpointError(f"{vocab_file}: the token {text!r} ({made}) has no id")
+            to_file.append(file_vocab[text])
+        for text, i in file_vocab.items():
+            if text in ids_of:
+                from_file[i] = ids_of[text][0]
+            else:  # no byte or merge makes it: a special token, such as <|endoftext|>, matched whole in the text
+                special[text] = i
+        tok._to_file = to_file
+        tok._from_file = from_file
+        tok.special_tokens = special
+        tok._special_ids = {i: t for t, i in special.items()}
+        tok._special_re = re.compile("(" + "|".join(re.escape(t) for t in sorted(special, key=len, reverse=True))
+                                     + ")") if special else None
+        return tok
+
+    def save_pretrained(self, folder):
+        """Write GPT-2's two files for this tokenizer (vocab.json, merges.txt); returns the folder.
+
+        Tokens are written as text through GPT-2's byte table; the ids are the ones `encode` gives.
+        from_pretrained reads them back with GPT-2's split pattern, so a tokenizer trained with
+        another pattern encodes the same text differently there.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        table = bytes_to_unicode()
+        text = {c: "".join(table[b] for b in self.vocab[c]) for c in range(256 + len(self.merges))}
+        ids = self._to_file if self._to_file is not None else list(range(256 + len(self.merges)))
+        vocab = {}
+        for c, t in text.items():
+            if t in vocab and vocab[t] != ids[c]:
+                raise ValueError(f"save_pretrained: two tokens ({vocab[t]} and {ids[c]}) stand for the same bytes "
+                                 f"{self.vocab[c]!r}; vocab.json can hold only one of them")
+            vocab[t] = ids[c]
+        vocab.update(self.special_tokens)
+        merges = ["#version: 0.2"] + [f"{text[a]} {text[b]}" for a, b in self.merges]
+        (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        (folder / "merges.txt").write_text("\n".join(merges) + "\n", encoding="utf-8")
+        return folder
 
     def __eq__(self, other):
         return (isinstance(other, BPETokenizer) and self.merges == other.merges

@@ -6,6 +6,8 @@
            methods ("sequential", "parallel", "fast"), and the associative `combine` behind "parallel".
 - `ops`:   `rms_norm` and `causal_conv1d`, the block's other operations.
 - `model`: `MambaConfig`, `Mamba` (forward, step, generate), its block and residual block.
+- `pretrained`: released checkpoints, `Mamba.from_pretrained(folder or hub name)` and
+           `save_pretrained(folder)`, in Hugging Face's layout or mamba_ssm's original one (lesson 5.5).
 
 Checkpoints made by scripts/train_selective_copy.py live in `CHECKPOINTS`.
 """

@@ -136,9 +136,12 @@ class MambaBlock(nn.Module):
         # The bias is softplus's inverse of such a delta (so a zero input gives exactly it); the
         # weight is uniform in +-dt_rank^-0.5. This is the official Mamba's initialisation.
         std = r ** -0.5
-        dt_weight = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
-        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
-        dt_bias = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
+        if nn.initialising():  # not inside nn.skip_init(), where a checkpoint is about to fill every weight
+            dt_weight = rng.uniform(-std, std, (d_in, r)).astype(np.float32)
+            dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), d_in)).clip(min=1e-4)
+            dt_bias = (dt + np.log(-np.expm1(-dt))).astype(np.float32)  # softplus^-1(dt)
+        else:
+            dt_weight, dt_bias = np.zeros((d_in, r), np.float32), np.zeros(d_in, np.float32)
         if c.selective:
             self.dt_proj.weight.data, self.dt_proj.bias.data = dt_weight, dt_bias
         else:  # the same starting steps; B = 1 and C ~ N(0, 1/n), as S4D initialises them
@@ -229,7 +232,8 @@ class Mamba(nn.Module):
         self.embedding = nn.Embedding(c.padded_vocab_size, c.d_model, rng=rng)
         # Small embeddings (std 0.02, as the official Mamba initialises them): the table is also the
         # output layer, and unit-variance rows would start the model with very confident guesses.
-        self.embedding.weight.data = rng.normal(0.0, 0.02, self.embedding.weight.shape).astype(np.float32)
+        if nn.initialising():
+            self.embedding.weight.data = rng.normal(0.0, 0.02, self.embedding.weight.shape).astype(np.float32)
         self.layers = nn.ModuleList([ResidualBlock(c, rng) for _ in range(c.n_layer)])
         self.norm_f = RMSNorm(c.d_model)
         self.lm_head = nn.Linear(c.d_model, c.padded_vocab_size, bias=False, rng=rng)
@@ -246,6 +250,22 @@ class Mamba(nn.Module):
     @property
     def dtype(self):
         return self.embedding.weight.dtype
+
+    # ----- released checkpoints (lesson 5.5), in course/mamba/pretrained.py ------------------------
+    @classmethod
+    def from_pretrained(cls, source, dtype=np.float32):
+        """A Mamba with released weights: `source` is a folder holding config.json + model.safetensors
+        (Hugging Face's layout or mamba_ssm's original one), or a hub name such as
+        "state-spaces/mamba-130m-hf" (downloaded with huggingface_hub)."""
+        from .pretrained import load_mamba
+
+        return load_mamba(cls, source, dtype)
+
+    def save_pretrained(self, folder):
+        """Write config.json + model.safetensors in Hugging Face's layout; returns the folder."""
+        from .pretrained import save_mamba
+
+        return save_mamba(self, folder)
 
     # ----- names: lm_head.weight is a second name of embedding.weight -----------------------------
     def state_dict(self):

@@ -1,0 +1,214 @@
+"""The checks of lesson 4.5: a stub is not attempted, the right answer passes, known-wrong answers fail
+saying what to fix."""
+
+import json
+
+import numpy as np
+import pytest
+
+from course.exercises import check
+from course.gpt import GPTConfig
+
+import known_wrong  # tests/known_wrong.py
+
+pytestmark = pytest.mark.part4
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+# ---- right answers ---------------------------------------------------------------------------
+
+def bytes_to_unicode():
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), 256))
+    table, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+def to_course_state(tensors):
+    state = {}
+    for name, array in tensors.items():
+        if not name.startswith("transformer."):
+            name = "transformer." + name
+        if name.endswith(".attn.bias"):
+            continue
+        state[name] = array.T if name.endswith(CONV1D) else array
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def config_from_gpt2(d):
+    if d.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        raise ValueError(f"activation_function {d['activation_function']!r} is not GELU's tanh approximation")
+    return GPTConfig(vocab_size=d["vocab_size"], block_size=d["n_positions"], n_layer=d["n_layer"],
+                     n_head=d["n_head"], n_embd=d["n_embd"], layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
+                     n_inner=d.get("n_inner"), tie_word_embeddings=d.get("tie_word_embeddings", True))
+
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "F16": np.float16}
+
+
+def load_tensor(data, name):
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[8 + n + start:8 + n + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+RIGHT = {"4.5.1": bytes_to_unicode, "4.5.2": to_course_state, "4.5.3": config_from_gpt2, "4.5.4": load_tensor}
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_stub_is_not_attempted_and_the_solution_passes(exercise_id, capsys):
+    assert check(exercise_id, stub).status == "not attempted"
+    result = check(exercise_id, RIGHT[exercise_id])
+    assert result.status == "passed", result.message
+
+
+# ---- known-wrong answers ---------------------------------------------------------------------
+
+def every_byte_itself():
+    return {b: chr(b) for b in range(256)}
+
+
+def offset_by_the_byte():  # chr(256 + b) instead of counting the non-printable bytes
+    table = bytes_to_unicode()
+    return {b: (c if ord(c) < 256 else chr(256 + b)) for b, c in table.items()}
+
+
+def the_library_table():
+    from course.gpt.tokenizer import bytes_to_unicode as library
+
+    return library()
+
+
+def transposes_every_matrix(tensors):
+    state = to_course_state(tensors)
+    return {k: (v.T if v.ndim == 2 else v) for k, v in state.items()}
+
+
+def forgets_square_c_proj(tensors):
+    state = to_course_state(tensors)
+    for k in state:
+        if k.endswith("attn.c_proj.weight"):
+            state[k] = state[k].T  # back to the file's (in, out): same shape, wrong values
+    return state
+
+
+def keeps_the_mask_buffer(tensors):
+    state = to_course_state(tensors)
+    state.update({("transformer." + k).replace("transformer.transformer.", "transformer."): v
+                  for k, v in tensors.items() if k.endswith(".attn.bias")})
+    return state
+
+
+def no_lm_head(tensors):
+    state = to_course_state(tensors)
+    del state["lm_head.weight"]
+    return state
+
+
+def no_prefix(tensors):
+    return {k.removeprefix("transformer."): v for k, v in to_course_state(tensors).items()}
+
+
+def by_the_library_loader(tensors):
+    import tempfile
+
+    from course.gpt import GPT
+
+    return dict(GPT.from_pretrained(tempfile.mkdtemp()).state_dict())
+
+
+def ignores_epsilon(d):
+    config = config_from_gpt2(d)
+    config.layer_norm_epsilon = 1e-5
+    return config
+
+
+def untied_by_default(d):
+    return config_from_gpt2(dict(d, tie_word_embeddings=d.get("tie_word_embeddings", False)))
+
+
+def accepts_any_activation(d):
+    return config_from_gpt2(dict(d, activation_function="gelu_new"))
+
+
+def silent_error(d):
+    if d.get("activation_function", "gelu_new") == "relu":
+        raise ValueError("unsupported")
+    return config_from_gpt2(d)
+
+
+def uses_n_ctx(d):
+    return config_from_gpt2(dict(d, n_positions=d.get("n_ctx", 2 * d["n_positions"])))
+
+
+def by_the_library_config(d):
+    from course.gpt.pretrained import config_from_hf
+
+    return config_from_hf(d)
+
+
+def big_endian_length(data, name):
+    n = int.from_bytes(data[:8], "big")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[8 + n + start:8 + n + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def offsets_from_the_start(data, name):
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[start:end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def always_float32(data, name):
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[8 + n + start:8 + n + end], dtype=np.float32).reshape(info["shape"])
+
+
+def by_safetensors(data, name):
+    from safetensors.numpy import load
+
+    return load(data)[name]
+
+
+KNOWN_WRONG = {
+    "4.5.1": [(every_byte_itself, ["byte 0 is not printable", "U+0100"]),
+              (offset_by_the_byte, ["byte 127 is not printable", "expected 'ġ'"]),
+              (the_library_table, ["write this yourself", "course.gpt.tokenizer.bytes_to_unicode"])],
+    "4.5.2": [(transposes_every_matrix, ["transformer.wte.weight: expected shape (7, 4)", "not a Conv1D weight"]),
+              (forgets_square_c_proj, ["attn.c_proj.weight: wrong values", "transpose it even when it is square"]),
+              (keeps_the_mask_buffer, ["the causal mask, a buffer"]),
+              (no_lm_head, ["missing ['lm_head.weight']"]),
+              (no_prefix, ["missing ['transformer.h.0.attn.c_attn.bias'"]),
+              (by_the_library_loader, ["write this yourself", "course.gpt.GPT.from_pretrained"])],
+    "4.5.3": [(ignores_epsilon, ["layer_norm_epsilon: expected 0.001, got 1e-05"]),
+              (untied_by_default, ["tie_word_embeddings: expected True, got False", "leave out"]),
+              (accepts_any_activation, ["expected an error naming activation_function"]),
+              (silent_error, ["the error should name the key activation_function"]),
+              (uses_n_ctx, ["block_size: expected 24, got 48"]),
+              (by_the_library_config, ["write this yourself", "course.gpt.pretrained.config_from_hf"])],
+    "4.5.4": [(big_endian_length, ["raised UnicodeDecodeError", "little-endian"]),
+              (offsets_from_the_start, ["do the offsets start after the header?"]),
+              (always_float32, ["raised ValueError", "the dtype is written there"]),
+              (by_safetensors, ["write this yourself", "safetensors.numpy.load"])],
+}
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words", known_wrong.cases(KNOWN_WRONG))
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words, capsys):
+    known_wrong.assert_fails_saying(exercise_id, wrong, words)

@@ -1,0 +1,177 @@
+"""The checks of lesson 5.5: a stub is not attempted, the right answer passes, known-wrong answers fail
+saying what to fix."""
+
+import numpy as np
+import pytest
+
+from course.exercises import check
+from course.mamba import MambaConfig
+
+import known_wrong  # tests/known_wrong.py
+
+pytestmark = pytest.mark.part5
+
+
+# ---- right answers ---------------------------------------------------------------------------
+
+def to_course_state(tensors, multiple=8):
+    state = {}
+    for name, array in tensors.items():
+        if name == "lm_head.weight":
+            continue
+        name = name.removeprefix("backbone.")
+        state["embedding.weight" if name == "embeddings.weight" else name] = array
+    emb = state["embedding.weight"]
+    rows = -(-len(emb) // multiple) * multiple
+    state["embedding.weight"] = np.concatenate([emb, np.zeros((rows - len(emb), emb.shape[1]), emb.dtype)])
+    return state
+
+
+def mamba_config(d):
+    if d.get("use_bias", False):
+        raise ValueError("use_bias=True: the course's Mamba has no bias on in_proj and out_proj")
+    if "hidden_size" in d:
+        return MambaConfig(d_model=d["hidden_size"], n_layer=d["num_hidden_layers"], vocab_size=d["vocab_size"],
+                           d_state=d.get("state_size", 16), expand=d.get("expand", 2), d_conv=d.get("conv_kernel", 4),
+                           dt_rank=d.get("time_step_rank", "auto"))
+    ssm = d.get("ssm_cfg") or {}
+    return MambaConfig(d_model=d["d_model"], n_layer=d["n_layer"], vocab_size=d["vocab_size"],
+                       d_state=ssm.get("d_state", 16), expand=ssm.get("expand", 2), d_conv=ssm.get("d_conv", 4),
+                       dt_rank=ssm.get("dt_rank", "auto"))
+
+
+def to_hf_tensors(state, vocab_size):
+    out = {}
+    for name, array in state.items():
+        if name == "lm_head.weight":
+            continue
+        if name == "embedding.weight":
+            out["backbone.embeddings.weight"] = array[:vocab_size]
+        else:
+            out["backbone." + name] = array
+    return out
+
+
+RIGHT = {"5.5.1": to_course_state, "5.5.2": mamba_config, "5.5.3": to_hf_tensors}
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_stub_is_not_attempted_and_the_solution_passes(exercise_id, capsys):
+    assert check(exercise_id, stub).status == "not attempted"
+    result = check(exercise_id, RIGHT[exercise_id])
+    assert result.status == "passed", result.message
+
+
+# ---- known-wrong answers ---------------------------------------------------------------------
+
+def no_padding(tensors):
+    return to_course_state(tensors, multiple=1)
+
+
+def keeps_embeddings_name(tensors):
+    state = to_course_state(tensors)
+    state["embeddings.weight"] = state.pop("embedding.weight")
+    return state
+
+
+def keeps_lm_head(tensors):
+    state = to_course_state(tensors)
+    state["lm_head.weight"] = state["embedding.weight"]
+    return state
+
+
+def keeps_backbone(tensors):
+    return {("backbone." + k): v for k, v in to_course_state(tensors).items()}
+
+
+def pads_with_random_rows(tensors):
+    state = to_course_state(tensors)
+    emb = state["embedding.weight"]
+    V = len(tensors["backbone.embeddings.weight"])
+    state["embedding.weight"] = np.concatenate([emb[:V], np.ones((len(emb) - V, emb.shape[1]))])
+    return state
+
+
+def by_the_library_loader(tensors):
+    import tempfile
+
+    from course.mamba import Mamba
+
+    return dict(Mamba.from_pretrained(tempfile.mkdtemp()).state_dict())
+
+
+def auto_rank(d):
+    config = mamba_config(d)
+    return MambaConfig(d_model=config.d_model, n_layer=config.n_layer, vocab_size=config.vocab_size,
+                       d_state=config.d_state, expand=config.expand, d_conv=config.d_conv)
+
+
+def ignores_ssm_cfg(d):
+    return mamba_config({k: v for k, v in d.items() if k != "ssm_cfg"})
+
+
+def ignores_conv_kernel(d):
+    return mamba_config({k: v for k, v in d.items() if k != "conv_kernel"})
+
+
+def accepts_biases(d):
+    return mamba_config(dict(d, use_bias=False))
+
+
+def by_the_library_config(d):
+    from course.mamba.pretrained import config_from_file
+
+    return config_from_file(d)[0]
+
+
+def keeps_padding(state, vocab_size):
+    return to_hf_tensors(state, len(state["embedding.weight"]))
+
+
+def writes_lm_head(state, vocab_size):
+    out = to_hf_tensors(state, vocab_size)
+    out["lm_head.weight"] = out["backbone.embeddings.weight"]
+    return out
+
+
+def original_names(state, vocab_size):
+    out = to_hf_tensors(state, vocab_size)
+    out["backbone.embedding.weight"] = out.pop("backbone.embeddings.weight")
+    return out
+
+
+def by_the_library_saver(state, vocab_size):
+    import tempfile
+
+    from course.mamba import Mamba
+
+    Mamba(MambaConfig(d_model=4, n_layer=1, vocab_size=vocab_size)).save_pretrained(tempfile.mkdtemp())
+    return to_hf_tensors(state, vocab_size)
+
+
+KNOWN_WRONG = {
+    "5.5.1": [(no_padding, ["embedding.weight: expected shape (16, 4), got (13, 4) (pad the rows to a multiple of 8)"]),
+              (keeps_embeddings_name, ["missing ['embedding.weight']"]),
+              (keeps_lm_head, ["lm_head.weight is tied to the embedding: leave it out"]),
+              (keeps_backbone, ["missing ['embedding.weight'"]),
+              (pads_with_random_rows, ["embedding.weight: wrong values (the file's rows first, then rows of zeros)"]),
+              (by_the_library_loader, ["write this yourself", "course.mamba.Mamba.from_pretrained"])],
+    "5.5.2": [(auto_rank, ["dt_rank: expected 5, got 2", "time_step_rank 5"]),
+              (ignores_ssm_cfg, ["d_state: expected 4, got 16", "ssm_cfg"]),
+              (ignores_conv_kernel, ["d_conv: expected 3, got 4"]),
+              (accepts_biases, ["expected an error naming use_bias"]),
+              (by_the_library_config, ["write this yourself", "course.mamba.pretrained.config_from_file"])],
+    "5.5.3": [(keeps_padding, ["backbone.embeddings.weight: expected shape (13, 4), got (16, 4) (only the vocab_size real rows)"]),
+              (writes_lm_head, ["lm_head.weight is tied"]),
+              (original_names, ["missing ['backbone.embeddings.weight']"]),
+              (by_the_library_saver, ["write this yourself", "course.mamba.Mamba.save_pretrained"])],
+}
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words", known_wrong.cases(KNOWN_WRONG))
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words, capsys):
+    known_wrong.assert_fails_saying(exercise_id, wrong, words)
