@@ -39,7 +39,14 @@ def test_numba_imported_first_is_fine_while_numba_cuda_is_not():
         assert early.returncode == 0 and early.stdout.strip() == "gpu", early.stderr
     else:
         assert early.returncode != 0
-        assert "Restart the kernel" in early.stderr and "import course.kernels" in early.stderr
+        if "Restart the kernel" not in early.stderr:
+            # Some numba-cuda cannot load its GPU target at all (0.20, which pip picks on macOS, with a
+            # newer numba): `from numba import cuda` fails by itself, before course.kernels runs.
+            alone = run("from numba import cuda", NUMBA_CUDA_USE_NVIDIA_BINDING="0")
+            assert alone.returncode != 0 and "ImportError" in alone.stderr, early.stderr
+            assert "course" not in early.stderr.split("ImportError")[0].split("<string>")[-1], early.stderr
+        else:
+            assert "import course.kernels" in early.stderr
 
 
 class FakeDriver:

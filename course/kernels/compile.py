@@ -113,13 +113,16 @@ def available():
     if status["available"]:
         return True, ""
     message = status.get("message", "")
+    hint = INSTALL
     if status.get("type") == "ImportError":
-        why = f"numba.cuda does not import without the simulator ({message})"
+        why, hint = f"numba-cuda's GPU compiler does not import here ({message})", ""
     elif re.search(r"nvvm|libdevice|nvrtc|cuda_paths|not found|No such file", message, re.I):
         why = f"NVVM, NVIDIA's compiler, is not installed ({message})"
     else:
         why = f"{status.get('type')}: {message}"
-    return False, f"{why}: {INSTALL}"
+    if sys.platform == "darwin":
+        hint = "NVIDIA publishes no NVVM for macOS"
+    return False, f"{why}: {hint}" if hint else why
 
 
 # ----- what travels to the worker ------------------------------------------------------------------
