@@ -104,3 +104,24 @@ def test_the_gpu_probe_asks_the_driver_and_names_what_is_missing(monkeypatch):
     assert (found, why) == ((True, "Fake GPU") if nvvm_here else (False, why))
     if not nvvm_here:
         assert "NVVM is missing" in why
+
+
+def test_without_nvidia_s_bindings_numba_cuda_is_switched_to_its_own(monkeypatch):
+    """On macOS pip installs numba-cuda without cuda-bindings, and numba-cuda then refuses to
+    import unless told to use its ctypes bindings; the simulator needs neither."""
+    from course.kernels import _backend
+
+    monkeypatch.delenv("NUMBA_CUDA_USE_NVIDIA_BINDING", raising=False)
+    monkeypatch.setattr(_backend, "_has_nvidia_bindings", lambda: False)
+    _backend._use_bindings_that_exist()
+    assert os.environ["NUMBA_CUDA_USE_NVIDIA_BINDING"] == "0"
+    assert "ctypes bindings" in _backend.bindings() and "cuda-bindings is not installed" in _backend.bindings()
+
+    monkeypatch.setenv("NUMBA_CUDA_USE_NVIDIA_BINDING", "1")  # what the environment says is kept
+    _backend._use_bindings_that_exist()
+    assert os.environ["NUMBA_CUDA_USE_NVIDIA_BINDING"] == "1"
+
+    monkeypatch.delenv("NUMBA_CUDA_USE_NVIDIA_BINDING")
+    monkeypatch.setattr(_backend, "_has_nvidia_bindings", lambda: True)
+    _backend._use_bindings_that_exist()
+    assert "NUMBA_CUDA_USE_NVIDIA_BINDING" not in os.environ
