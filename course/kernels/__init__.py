@@ -10,6 +10,7 @@
         logits, loss = model(x, y)
     K.launches()                        # {kernel name: launches} since reset_launches()
     report = K.trace(kernel, griddim, blockdim, *args)   # who touched what; races; missing guards
+    from course.kernels import compile   # compile.compile_ptx(kernel, args): PTX for real GPUs (NVVM)
 
 Importing this package chooses where CUDA kernels run (`_backend`): a real GPU when numba can
 use one, else Numba's CUDA simulator, which runs every GPU thread as a Python thread on the CPU:

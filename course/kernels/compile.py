@@ -35,7 +35,7 @@ import types
 # The architectures every kernel is compiled for: Turing (the T4 of Colab's free GPU runtime)
 # and Hopper (the H100, a current data-centre GPU).
 ARCHS = ((7, 5), (9, 0))
-INSTALL = 'pip install nvidia-cuda-nvcc-cu12 "nvidia-cuda-nvrtc>=13"  (or numba-cuda[cu12], or numba-cuda[cu13])'
+INSTALL = 'pip install nvidia-cuda-nvcc-cu12 "nvidia-cuda-nvrtc==13.*"  (or "numba-cuda[cu12]")'
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ptx_worker.py")
 
 
