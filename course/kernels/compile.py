@@ -58,6 +58,10 @@ class _Worker:
     def __init__(self):
         env = dict(os.environ)
         env.pop("NUMBA_ENABLE_CUDASIM", None)
+        # the modules a kernel names are imported there by name: from where they are found here
+        here = os.path.dirname(_WORKER)
+        paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p != here and os.path.isdir(p)))
         if "NUMBA_CUDA_USE_NVIDIA_BINDING" not in env:
             from ._backend import _has_nvidia_bindings
             if not _has_nvidia_bindings():  # old numba-cuda refuses to import without them otherwise
