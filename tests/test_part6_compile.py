@@ -381,3 +381,15 @@ def test_a_stub_is_not_attempted_and_says_nothing_about_compiling(monkeypatch, c
 
     assert check("6.2.2", stub).status == "not attempted"
     assert "cannot compile" not in capsys.readouterr().out
+
+
+def test_when_the_compiling_process_cannot_start_nvvm_is_unavailable_with_the_reason(monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(C, "_worker", None)
+    monkeypatch.setattr(C.subprocess, "Popen", broken)
+    ok, why = C.available()
+    assert not ok and "could not start (OSError: no such interpreter)" in why
+    with pytest.raises(RuntimeError, match="cannot compile kernels for a GPU here"):
+        C.compile_ptx(shared_sized_by_block, "void(float32[:], float32[:])")

@@ -113,7 +113,10 @@ def _get_worker():
 
 def available():
     """(True, "") where numba can compile kernels for a GPU here, else (False, why, with what to install)."""
-    status = _get_worker().status
+    try:
+        status = _get_worker().status
+    except Exception as err:  # the second Python process could not be started
+        return False, f"the process that compiles kernels could not start ({type(err).__name__}: {err})"
     if status["available"]:
         return True, ""
     message = status.get("message", "")
