@@ -123,6 +123,21 @@ def test_a_kernel_that_cannot_compile_is_one_line_with_numba_s_reason_and_the_li
     assert info.value.line == 2 and "Typing" in info.value.detail
 
 
+def test_numba_s_message_becomes_its_reason_in_one_line():
+    typing = ("No implementation of function Function(<function shared.array at 0x7f12ab>) found for signature:\n"
+              " \n >>> array(int32, class(float32))\n \nThere are 2 candidate implementations:\n"
+              " - Of which 2 did not match due to:\n")
+    assert C._reason(typing) == ("No implementation of function shared.array found for signature array(int32, "
+                                 "class(float32)) (the size of a shared or local array must be a constant known "
+                                 "when the kernel is compiled (a number or a global constant), not a value the "
+                                 "kernel reads or computes)")
+    lowering = ("Failed in cuda mode pipeline (step: cuda native lowering)\nNRT required but not enabled\n"
+                "During: lowering \"l = build_list(items=[...])\" at k.py (3)")
+    assert C._reason(lowering).startswith("NRT required but not enabled (a kernel cannot allocate memory")
+    assert C._reason("\x1b[1mNameError: name 'n' is not defined\x1b[0m") == "NameError: name 'n' is not defined"
+    assert C._reason("") == "numba gave no reason"
+
+
 def test_a_kernel_must_be_a_function():
     with pytest.raises(TypeError, match="expected a kernel"):
         C.compile_ptx(42, "void()")
@@ -342,7 +357,7 @@ def scan_local_sized_at_run_time(u, delta, A, B, C, D, y):
 CANNOT_COMPILE = [
     ("6.2.2", block_sum_shared_by_block_dim, ["shared.array", "constant known when the kernel is compiled",
                                               "line 2 of block_sum_shared_by_block_dim"]),
-    ("6.2.2", block_sum_with_a_list, ["cannot build Python lists", "line 7 of block_sum_with_a_list",
+    ("6.2.2", block_sum_with_a_list, ["cannot allocate memory as it runs", "line 7 of block_sum_with_a_list",
                                       "`steps = [16, 8, 4, 2, 1]"]),
     ("6.2.3", rms_norm_shared_by_block_dim, ["shared.array", "line 2 of rms_norm_shared_by_block_dim"]),
     ("6.3.4", scan_local_sized_at_run_time, ["local.array", "constant known when the kernel is compiled",

@@ -236,20 +236,20 @@ def kernel_function(kernel):
 
 
 _NOISE = re.compile(r"^(Failed in .* pipeline|During:|File \"|Enable logging|For more information|\^|\s*$)")
+_ALLOCATES = ("a kernel cannot allocate memory as it runs (a Python list, a new NumPy array, a string): use "
+              "cuda.local.array or cuda.shared.array of a constant size")
 _EXPLAIN = [
-    (re.compile(r"(shared|local)\.array.*signature", re.S),
+    (re.compile(r"(shared|local)\.array found for signature"),
      "the size of a shared or local array must be a constant known when the kernel is compiled (a number or "
      "a global constant), not a value the kernel reads or computes"),
-    (re.compile(r"NRT required|reflected list|build_list|List\(", re.S),
-     "a kernel cannot build Python lists or new arrays: use cuda.local.array or cuda.shared.array of a "
-     "constant size"),
+    (re.compile(r"NRT required|function (zeros|empty|ones|full|array|zeros_like|empty_like) found"), _ALLOCATES),
 ]
 
 
 def _reason(message):
     text = re.sub(r"\x1b\[[0-9;]*m", "", message)
+    text = re.sub(r"Function\(<(?:built-in )?function ([\w.]+)(?: at 0x[0-9a-f]+)?>\)", r"\1", text)
     text = re.sub(r"<function ([\w.]+) at 0x[0-9a-f]+>", r"\1", text)
-    text = re.sub(r"Function\(([\w.]+)\)", r"\1", text)
     lines = [line.strip() for line in text.splitlines()]
     useful = [line for line in lines if line and not _NOISE.match(line)]
     if not useful:
@@ -259,7 +259,7 @@ def _reason(message):
     if following:
         reason += " " + following[0].lstrip("> ").strip()
     for pattern, explanation in _EXPLAIN:
-        if pattern.search(text):
+        if pattern.search(reason):
             reason += f" ({explanation})"
             break
     return reason
