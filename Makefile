@@ -51,7 +51,7 @@ grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=gr
 bench: setup ## time the engines against their references and print a table
 	$(BIN)/python -m benchmarks
 
-doctor: setup ## print versions, whether graphviz and a GPU are there
+doctor: setup ## print versions, whether graphviz, a GPU and NVVM are there, numba-cuda and its bindings
 	$(BIN)/python -m course doctor
 
 colab: setup ## point badges and install cells at a fork: make colab REPO=owner/name

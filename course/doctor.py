@@ -14,22 +14,41 @@ def _version(name):
     return getattr(module, "__version__", "installed")
 
 
-def gpu_report():
-    """Say where part 6's CUDA kernels will run: `course.kernels` chooses when it is imported
-    (asked in a child process, so that this process can still choose the simulator later)."""
-    probe = "import course.kernels as K; print(K.backend()); print(K.backend_reason())"
+def _probe():
+    """Ask a child process what `course.kernels` chooses (it chooses when imported, before numba.cuda
+    loads, so this process stays free to choose the simulator later): the backend and why, the
+    bindings numba-cuda uses, and whether kernels compile for real GPUs (NVVM)."""
+    probe = ("import course.kernels as K; from course.kernels import compile as C; "
+             "from course.kernels._backend import bindings; print(K.backend()); print(K.backend_reason()); "
+             "print(bindings()); ok, why = C.available(); print('yes' if ok else why)")
     try:
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
     except Exception as err:
-        return f"could not be determined ({type(err).__name__})"
+        return None, f"could not be determined ({type(err).__name__})"
     lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or len(lines) < 2:
+    if out.returncode != 0 or len(lines) < 4:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"course.kernels does not import: {last}"
+        return None, f"course.kernels does not import: {last}"
+    return lines[:4], ""
+
+
+def gpu_report(found=None):
+    """Say where part 6's CUDA kernels will run."""
+    lines, error = found if found is not None else _probe()
+    if lines is None:
+        return error
     backend, reason = lines[0], lines[1]
     if backend == "gpu":
         return f"a real GPU: {reason}"
     return f"the CUDA simulator ({reason})"
+
+
+def _numba_cuda_version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("numba-cuda")
+    except PackageNotFoundError:
+        return "not installed (numba's own numba.cuda is used)"
 
 
 def main():
@@ -54,4 +73,10 @@ def main():
     else:
         print("dot            missing: graphs will not be drawn (apt-get install graphviz, brew install "
               "graphviz, conda install graphviz, or pip install graphviz-pure)")
-    print(f"GPU kernels    {gpu_report()}")
+    found = _probe()
+    lines = found[0]
+    print(f"numba-cuda     {_numba_cuda_version()}, through {lines[2] if lines else 'unknown bindings'}")
+    print(f"GPU kernels    {gpu_report(found)}")
+    if lines:
+        nvvm = "yes: kernels compile to PTX for real GPUs (sm_75, sm_90)" if lines[3] == "yes" else f"no: {lines[3]}"
+        print(f"NVVM           {nvvm}")

@@ -18,6 +18,11 @@ def test_doctor_reports_versions_graphviz_and_the_gpu():
     assert any(line.startswith("dot") for line in lines)
     gpu = [line for line in lines if line.startswith("GPU kernels")]
     assert gpu and ("simulator" in gpu[0] or "real GPU" in gpu[0])
+    # numba-cuda's version and the bindings it talks to CUDA through; whether NVVM compiles kernels
+    cuda = [line for line in lines if line.startswith("numba-cuda")]
+    assert cuda and "through" in cuda[0] and "bindings" in cuda[0], lines
+    nvvm = [line for line in lines if line.startswith("NVVM")]
+    assert nvvm and nvvm[0].split()[1] in ("yes:", "no:"), lines
 
 
 def test_help_lists_the_commands():

@@ -53,7 +53,7 @@ def test_doctor_says_a_missing_pytorch_is_optional(monkeypatch, capsys):
     real = doctor._version
     monkeypatch.setattr(doctor, "_version",
                         lambda name: "not importable (ModuleNotFoundError)" if name == "torch" else real(name))
-    monkeypatch.setattr(doctor, "gpu_report", lambda: "not probed in this test")
+    monkeypatch.setattr(doctor, "_probe", lambda: (None, "not probed in this test"))
     doctor.main()
     torch_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("torch"))
     assert "optional" in torch_line and "reference" in torch_line

@@ -151,6 +151,32 @@ def _guarded(candidate):
     return glb[fn.__name__], errors
 
 
+_said_no_compiler = []  # whether the checks have said that they cannot compile for a GPU here
+
+
+def _compiles(candidate, args):
+    """Compile the learner's kernel for real GPUs (`course.kernels.compile`) once the tracer has run
+    it: the tracer runs Python, which accepts code a GPU would refuse (a shared array sized at run
+    time, a list). Called after the tracer, so that a stub is "not attempted" and a call of a
+    library function "write this yourself". Where NVVM is missing, the checks say so once."""
+    from course.kernels import compile as gpu
+    fn = getattr(candidate, "py_func", None) or candidate
+    if not isinstance(fn, types.FunctionType):
+        return
+    ok, why = gpu.available()
+    if not ok:
+        if not _said_no_compiler:
+            _said_no_compiler.append(True)
+            print(f"(The checks run kernels on the tracer only: they cannot compile for a GPU here, {why}.)")
+        return
+    try:
+        gpu.compile_ptx(fn, args)
+    except gpu.CompileError as err:  # the same for every input: numba's reason and the kernel's line
+        raise CheckFailed(str(err)) from None
+    except (TypeError, RuntimeError):  # arguments numba cannot type, or the compiling process ended
+        pass
+
+
 def _trace(candidate, grid, block, *args, on=""):
     """Run the learner's kernel on the tracer; a NotImplementedError means not attempted yet."""
     K = _kernels()
@@ -174,6 +200,7 @@ def _trace(candidate, grid, block, *args, on=""):
         if isinstance(err, CheckFailed):  # a library function the exercise asks the learner to write
             raise CheckFailed(f"in your kernel, {who}: {err}{where}")
         raise CheckFailed(f"in your kernel, {who} raised {type(err).__name__}: {err}{where}")
+    _compiles(candidate, args)
     return report
 
 

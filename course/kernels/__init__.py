@@ -12,6 +12,7 @@
     report = K.trace(kernel, griddim, blockdim, *args)   # who touched what; races; missing guards;
                                         # unwritten shared memory, partial barriers, warp misuse;
                                         # per-thread counts, bank conflicts, transactions
+    from course.kernels import compile   # compile.compile_ptx(kernel, args): PTX for real GPUs (NVVM)
 
 Importing this package chooses where CUDA kernels run (`_backend`): a real GPU when numba can
 use one, else Numba's CUDA simulator, which runs every GPU thread as a Python thread on the CPU:

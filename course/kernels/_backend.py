@@ -13,6 +13,7 @@ Where it cannot, kernels run on the simulator and `backend_reason()` says what t
 """
 
 import ctypes
+import importlib.util
 import os
 import sys
 
@@ -60,6 +61,35 @@ def _find_gpu():
     return True, gpu
 
 
+def _has_nvidia_bindings():
+    """Whether NVIDIA's `cuda-bindings` package is installed (it has no macOS wheel)."""
+    try:
+        return importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _use_bindings_that_exist():
+    """numba-cuda talks to CUDA through NVIDIA's cuda-bindings by default, and refuses to import
+    without them, although the simulator needs no CUDA at all. Where they are missing (on macOS
+    pip installs numba-cuda without them), switch numba-cuda to its own ctypes bindings, unless
+    the environment already says which to use."""
+    if "NUMBA_CUDA_USE_NVIDIA_BINDING" not in os.environ and not _has_nvidia_bindings():
+        os.environ["NUMBA_CUDA_USE_NVIDIA_BINDING"] = "0"
+
+
+def bindings():
+    """Which bindings numba-cuda talks to CUDA through, in words (for `python -m course doctor`)."""
+    if os.environ.get("NUMBA_CUDA_USE_NVIDIA_BINDING", "").strip().lower() in ("0", "false", "no", "off"):
+        why = "" if _has_nvidia_bindings() else ": cuda-bindings is not installed"
+        return f"numba-cuda's ctypes bindings (NUMBA_CUDA_USE_NVIDIA_BINDING=0{why})"
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"NVIDIA's cuda-bindings {version('cuda-bindings')}"
+    except PackageNotFoundError:
+        return "NVIDIA's cuda-bindings (version unknown)"
+
+
 def _running_simulator(cuda):
     return cuda.jit.__module__.startswith("numba.cuda.simulator")
 
@@ -97,6 +127,7 @@ def choose():
             why = f"{why}: CUDA kernels run on Numba's CUDA simulator"
 
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if use_gpu else "1"
+    _use_bindings_that_exist()
     if "numba" in sys.modules:  # numba itself (not numba.cuda) is loaded: make it reread the setting
         from numba.core import config
         config.reload_config()
