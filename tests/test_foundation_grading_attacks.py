@@ -1,0 +1,221 @@
+"""Grading under attack: submissions that try to steal the runner's signing key, learn that they
+are graded, take the instructor's environment, exhaust memory, or fool the instructor's terminal;
+and files that would stop a whole class (a FIFO, a link to /dev/zero or to a private file, a file
+named like an option). Each class is graded with and without bubblewrap where it works: a forged
+submission gets no mark it did not earn, and every other row is what it would be anyway.
+"""
+
+import csv
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course import grading
+from course.__main__ import main
+
+pytestmark = [pytest.mark.foundation, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "1-micrograd" / "1.1-derivatives.ipynb"
+SOLUTION = ROOT / "solutions" / "1-micrograd" / "1.1-derivatives.ipynb"
+IDS = grading.exercise_ids(LESSON)
+SANDBOXED = grading.sandbox_problem() is None
+MODES = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not SANDBOXED, reason="bubblewrap is not installed or cannot make a sandbox here"))]
+
+# Reads the memory of every process above the kernel (the runner, the grader, the sandbox's first
+# process) for 64-hex-digit strings, and writes a report signed with each into their stdout and
+# stderr. It first finds a string it planted in its own memory, so a run where it finds nothing
+# means that it was kept out, not that it is broken.
+STEAL_THE_KEY = r'''
+import hashlib, hmac, json, os, re, secrets
+
+planted = secrets.token_hex(32)
+
+def hex_strings(pid):
+    found = set()
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if "r" not in perms or hi - lo > 256 << 20:
+                continue
+            try:
+                mem.seek(lo)
+                data = mem.read(hi - lo)
+            except (OSError, OverflowError, ValueError):
+                continue
+            found.update(m.decode() for m in re.findall(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])", data))
+    return found
+
+if planted not in hex_strings(os.getpid()):
+    raise RuntimeError("the attack is broken: it cannot find a key in its own memory")
+targets, pid = [], os.getppid()
+while pid > 1:
+    targets.append(pid)
+    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+targets.append(1)
+keys, refused = set(), 0
+for pid in targets:
+    try:
+        keys |= hex_strings(pid)
+    except OSError:
+        refused += 1
+report = json.dumps({"status": "ok", "outcomes": {i: "passed" for i in IDS}})
+lines = "".join(f"\nCOURSE-GRADE {hmac.new(k.encode(), report.encode(), hashlib.sha256).hexdigest()} {report}\n"
+                for k in keys)
+for pid in targets:
+    for fd in (1, 2):
+        try:
+            with open(f"/proc/{pid}/fd/{fd}", "w") as out:
+                out.write(lines)
+        except OSError:
+            pass
+'''.replace("IDS", repr(IDS))
+
+# The forged submissions keep the lesson's exercise cells untouched: they earned nothing.
+LEAKS = "import os\nraise RuntimeError(f\"seen: {sorted(k for k in os.environ if 'CANARY' in k or 'GRADE' in k)}\")"
+FAKE_LINE = "\x1b[2K\r[1/1] alice.ipynb: ok, 4/4 passed\n"
+
+
+def _handout(*extra, at=None):
+    nb = nbformat.read(str(LESSON), as_version=4)
+    nb.cells = [c for c in nb.cells if c.cell_type == "code"
+                and ("from course.exercises import check" in c.source or 'check("' in c.source)]
+    for n, source in enumerate(extra):
+        nb.cells.insert(len(nb.cells) if at is None else at + n, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+def _solution_cells():
+    nb = nbformat.read(str(SOLUTION), as_version=4)
+    return nb, [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _class(folder, private):
+    """{student: path} of one class, each in a folder of their own."""
+    def submit(student, content, name=LESSON.name):
+        path = folder / student / name
+        path.parent.mkdir(parents=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif isinstance(content, Path):
+            path.symlink_to(content)
+        elif content == "fifo":
+            os.mkfifo(path)
+        else:
+            nbformat.write(content, str(path))
+        return path
+
+    # An error before the third exercise's cell, with the fourth's function defined above it: the
+    # fourth is "not run", never "failed" or "passed".
+    early, cells = _solution_cells()
+    early.cells.insert(early.cells.index(cells[4]), nbformat.v4.new_code_cell("raise ValueError('stuck')"))
+    early.cells.insert(early.cells.index(cells[2]), nbformat.v4.new_code_cell(cells[5].source.split("\ncheck(")[0]))
+    # The exercise cells gone, their functions defined right in other cells: nothing to grade.
+    moved, cells = _solution_cells()
+    for cell in cells[2:]:
+        cell.source = cell.source.split("\ncheck(")[0]
+    return {
+        "solution": submit("solution", SOLUTION.read_bytes()),
+        "steals-the-key": submit("steals-the-key", _handout(STEAL_THE_KEY)),
+        "reads-the-environment": submit("reads-the-environment", _handout(LEAKS, at=1)),
+        "escape-codes": submit(f"escape{FAKE_LINE}codes", _handout(f"raise RuntimeError({FAKE_LINE!r})", at=1)),
+        "eats-memory": submit("eats-memory", _handout("block = bytearray(8 * 2**30)", at=1)),
+        "error-before-an-exercise": submit("error-before-an-exercise", early),
+        "no-exercise-cells": submit("no-exercise-cells", moved),
+        "fifo": submit("fifo", "fifo"),
+        "dev-zero": submit("dev-zero", Path("/dev/zero")),
+        "links-a-private-file": submit("links-a-private-file", private),
+        "not-a-notebook": submit("not-a-notebook", b"{ PRIVATE-CONTENT is not a notebook"),
+        "victim": submit("victim", SOLUTION.read_bytes()),
+    }
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_class_under_attack(tmp_path, monkeypatch, capsys, sandbox):
+    private = tmp_path / "private.txt"
+    private.write_text("PRIVATE-CONTENT of the instructor")
+    private.chmod(0o600)
+    paths = _class(tmp_path / "class", private)
+    monkeypatch.setenv("COURSE_CANARY", "a secret of the instructor's")
+    out = tmp_path / "grades.csv"
+
+    rows = grading.grade(list(paths.values()), out, time_limit=60, sandbox=sandbox, jobs=2, memory=3)
+
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\r" not in printed, "raw control characters reached the terminal"
+    with open(out, newline="") as f:
+        table = {r["notebook"]: r for r in csv.DictReader(f)}
+    assert len(rows) == len(table) == len(paths), "every submission gets its row"
+    row = {name: table[grading.printable(path)] for name, path in paths.items()}
+
+    for name in ("solution", "victim"):
+        assert row[name]["status"] == "ok" and row[name]["passed"] == str(len(IDS)), row[name]
+    thief = row["steals-the-key"]
+    assert "the attack is broken" not in thief["status"]
+    assert thief["passed"] == "0", f"a stolen key forged a grade: {thief}"
+    assert "review by hand" in thief["status"]
+    env = row["reads-the-environment"]
+    assert "seen: []" in env["status"], f"the kernel saw the instructor's or the grader's variables: {env}"
+    assert "a secret" not in env["status"]
+    codes = row["escape-codes"]
+    assert codes["status"].startswith("error in code cell 2: RuntimeError: \\x1b[2K [1/1] alice.ipynb: ok")
+    assert "\x1b" not in codes["status"] and "\x1b" not in codes["notebook"] and "\n" not in codes["notebook"]
+    memory = row["eats-memory"]
+    assert "MemoryError" in memory["status"] and "memory limit is 3 GiB" in memory["status"], memory
+    early = row["error-before-an-exercise"]
+    assert "ValueError: stuck" in early["status"]
+    assert [early[i] for i in IDS] == ["passed", "passed", "not run", "not run"], early
+    moved = row["no-exercise-cells"]
+    assert moved["status"] == "ok" and all(moved[i] == "not attempted" for i in IDS), moved
+    for name in ("fifo", "dev-zero", "links-a-private-file", "not-a-notebook"):
+        assert row[name]["passed"] == "0" and all(row[name][i] == "not run" for i in IDS), row[name]
+        assert "PRIVATE" not in row[name]["status"], row[name]
+    assert row["fifo"]["status"] == "could not read it: it is not a regular file"
+    assert row["dev-zero"]["status"] == row["links-a-private-file"]["status"] == \
+        "could not read it: it is a symbolic link (grade the file itself)"
+    assert row["not-a-notebook"]["status"] == "not a notebook (NotJSONError)"
+
+
+def test_a_file_named_like_an_option_is_graded_not_obeyed(tmp_path, monkeypatch):
+    """`grade *.ipynb` in a folder with a file named `--lesson=evil.ipynb`: the shell hands that name
+    over as an argument, and it must be graded as a notebook, not set the lesson of everyone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / LESSON.name).write_bytes(SOLUTION.read_bytes())
+    evil = ROOT / "solutions" / "1-micrograd" / "1.2-backprop.ipynb"
+    (tmp_path / "--lesson=evil.ipynb").write_bytes(evil.read_bytes())
+    (tmp_path / "--out=stolen.ipynb").write_bytes(evil.read_bytes())
+    expanded = sorted(p.name for p in tmp_path.glob("*.ipynb"))  # what the shell makes of *.ipynb
+    assert expanded[0].startswith("--")
+
+    main(["grade", "--no-sandbox", "--time-limit", "60", "--jobs", "2", *expanded])
+
+    with open(tmp_path / "grades.csv", newline="") as f:
+        table = {r["notebook"]: r for r in csv.DictReader(f)}
+    assert set(table) == set(expanded) and not (tmp_path / "stolen.ipynb").exists()
+    assert table[LESSON.name]["status"] == "ok" and table[LESSON.name]["total"] == str(len(IDS))
+    assert all(table[LESSON.name][i] == "passed" for i in IDS)
+    # Each of the other two is graded for what it is: an answer to lesson 1.2.
+    for name in expanded[:2]:
+        assert table[name]["total"] == str(len(grading.exercise_ids(evil))) and not any(table[name][i] for i in IDS)
+
+
+def test_after_a_double_dash_every_name_is_a_notebook(tmp_path, monkeypatch):
+    import course.__main__ as cli
+
+    seen = {}
+    monkeypatch.setattr(grading, "grade", lambda paths, out, **kw: seen.update(paths=paths, out=out, **kw))
+    cli.main(["grade", "--out", "g.csv", "--", "a.ipynb", "--lesson=b.ipynb", "--jobs=9"])
+    assert seen["paths"] == ["a.ipynb", "--lesson=b.ipynb", "--jobs=9"] and seen["lesson"] is None
+    assert seen["jobs"] == 1 and seen["out"] == "g.csv"
+
+
+def test_an_oversized_file_is_not_read(tmp_path, monkeypatch):
+    assert grading._read(SOLUTION) == SOLUTION.read_bytes()
+    monkeypatch.setattr(grading, "LARGEST", 1000)
+    big = tmp_path / LESSON.name
+    big.write_bytes(b" " * 1001)
+    err = grading._read(big)
+    assert isinstance(err, OSError) and str(err).startswith("it is larger than 0.000953674 MB")
