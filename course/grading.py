@@ -186,16 +186,44 @@ def _find_lesson(name, text, lessons):
 # Things an exercise answer never needs, and that code trying to fool the grader would use.
 # Comments are left out of the search; strings are not (a path to /proc is as telling as a call).
 SUSPECT = [(re.compile(p), what) for p, what in [
-    (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b", "reaches into the checker"),
-    (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\b__builtins__\b|\bbuiltins\b", "uses builtins"),
-    (r"\bget_ipython\b|\bIPython\b", "uses IPython's insides"), (r"\bimportlib\b", "uses importlib"),
-    (r"\bsys\s*\.\s*(stdout|stderr|_getframe|_current_frames|settrace|setprofile)\b", "uses sys's insides"),
-    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b", "inspects the interpreter"),
-    (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
-     "handles processes"),
-    (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
+    (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b|\b_FRESH\b", "reaches into the checker"),
+    (r"\b__(globals|closure|code|wrapped|defaults|kwdefaults|self|func|subclasses|setattr|getattribute|"
+     r"reduce_ex|reduce|dict|builtins|import|loader|spec)__\b", "reaches into an object's insides"),
+    (r"\b(tb_frame|tb_next|f_globals|f_locals|f_back|f_builtins|f_code|gi_frame|cr_frame|ag_frame|"
+     r"__traceback__|__context__|__cause__)\b", "reaches into stack frames"),
+    (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\bbuiltins\b", "uses builtins"),
+    (r"\bget_ipython\b|\bIPython\b|\b_ip\b|\binput_transformers\w*|\bast_transformers\b|\bdisplay(hook|_pub)\b"
+     r"|\b(exit|quit)\s*\.", "uses IPython's insides"),
+    (r"\bimportlib\b|\bglobals\s*\(|\blocals\s*\(", "uses importlib or the namespace itself"),
+    (r"\bsys\s*\.\s*(stdout|stderr|stdin|_getframe|_current_frames|settrace|setprofile|exit|excepthook|"
+     r"displayhook|audit|addaudithook|__\w+__)\b", "uses sys's insides"),
+    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b|\bmarshal\b|\bpickle\b|\btypes\s*\.\s*"
+     r"(FunctionType|CodeType)", "inspects the interpreter"),
+    (r"\bos\s*\.\s*(system|popen|spawn\w*|posix_spawn\w*|exec\w*|fork\w*|kill\w*|setsid|setpgid|getppid|"
+     r"wait\w*|pidfd_\w*)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b"
+     r"|\bconcurrent\b|\bpty\b|\bpsutil\b|\bposix\b|\bcreate_subprocess", "handles processes"),
+    (r"\bgetenv\w*|\b(put|unset)env\b|\benviron\w*|COURSE.GRADE", "reads the environment"),
+    (r"/proc\b|/dev/|/sys/", "reads /proc, /dev or /sys"),
+    (r"\bthreading\b|\b_thread\b|\batexit\b", "leaves code running"),
     (r"\b(exec|eval|compile|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
 ]]
+
+# What a cell reaches through its imports, by full dotted name (`import os as o; o.system`,
+# `from os import system`, `from concurrent import futures`): a prefix here is worth a look.
+SUSPECT_NAMES = {
+    "os.system": "handles processes", "os.popen": "handles processes", "os.posix_spawn": "handles processes",
+    "os.posix_spawnp": "handles processes", "os.spawn": "handles processes", "os.exec": "handles processes",
+    "os.fork": "handles processes", "os.kill": "handles processes", "os.getppid": "handles processes",
+    "os.setsid": "handles processes", "os.environ": "reads the environment", "os.getenv": "reads the environment",
+    "os.environb": "reads the environment", "os.putenv": "reads the environment",
+    "subprocess": "handles processes", "multiprocessing": "handles processes", "concurrent": "handles processes",
+    "signal": "handles processes", "pty": "handles processes", "psutil": "handles processes",
+    "posix": "handles processes", "ctypes": "inspects the interpreter", "gc": "inspects the interpreter",
+    "inspect": "inspects the interpreter", "sys": "uses sys's insides", "builtins": "uses builtins",
+    "importlib": "uses importlib", "IPython": "uses IPython's insides", "threading": "leaves code running",
+    "_thread": "leaves code running", "atexit": "leaves code running", "course.exercises": "reaches into the checker",
+    "course.grading": "reaches into the checker",
+}
 
 
 def _without_comments(source):
@@ -206,29 +234,84 @@ def _without_comments(source):
         return source
 
 
+def _imports(trees):
+    """{name bound in the notebook: the dotted name of what was imported}."""
+    names = {}
+    for tree in trees:
+        for node in _walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    names[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _dotted(node, imports):
+    """The full dotted name an expression reaches (`o.system` -> "os.system"), or None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in imports:
+        return ".".join([imports[node.id], *reversed(parts)])
+    return None
+
+
+def _strings(tree):
+    """Every string constant of a cell, run together: `"/pr" + "oc"` reads "/proc" here."""
+    return "".join(n.value for n in _walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
 def review_notes(nb, lesson):
     """Why an instructor might look at a submission by hand: cells the lesson does not have that
-    touch the machinery around the exercises, or that change an attribute of an imported module."""
+    touch the machinery around the exercises, the environment or other processes, or that change
+    an attribute of an imported module (directly, or by handing the module to other code)."""
     own = {c.source.strip() for c in _code_cells(lesson)}
     trees = [_parse(c.source) for c in _code_cells(nb)]
-    modules = {a.asname or a.name.split(".")[0] for tree in trees for node in _walk(tree)
-               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    imports = _imports(trees)
+    imported = set(imports)  # modules, and the functions and classes imported from them
+    modules = {name for tree in trees for node in _walk(tree) if isinstance(node, ast.Import)
+               for name in [a.asname or a.name.split(".")[0] for a in node.names]}
+    modules |= {name for name, full in imports.items() if full in sys.modules}
     notes = []
     for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
         if cell.source.strip() in own:
             continue
         source = _without_comments(cell.source).replace("from course . exercises import check", "")
+        source += "\n" + _strings(tree)
         hits = [what for pattern, what in SUSPECT if pattern.search(source)]
+        reached = {id(n.value) for n in _walk(tree) if isinstance(n, ast.Attribute)}
+        reached |= {id(n.args[0]) for n in _walk(tree) if isinstance(n, ast.Call) and n.args
+                    and isinstance(n.func, ast.Name) and n.func.id in ("setattr", "vars")}  # said below
         for node in _walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, ast.ImportFrom) and node.module == "course" and any(
+                    a.name in ("exercises", "grading") for a in node.names):
+                hits.append("reaches into the checker")
+            if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(getattr(node, "ctx", None), ast.Load):
+                full = _dotted(node, imports) or ""
+                hits += [what for name, what in SUSPECT_NAMES.items()
+                         if (full == name or full.startswith(name + ".") or
+                             name in ("os.spawn", "os.exec", "os.fork", "os.kill") and full.startswith(name))
+                         and full != "course.exercises.check"]
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [getattr(node, "target", None)]
             for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
-                    hits.append(f"sets {t.value.id}.{t.attr}")
+                if isinstance(t, ast.Attribute):
+                    root = t.value
+                    while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                        root = root.func if isinstance(root, ast.Call) else root.value
+                    if isinstance(root, ast.Name) and root.id in imported:
+                        hits.append(f"sets {ast.unparse(t)}")
             # setattr(obj, ...) and vars(obj) are ordinary on the learner's own objects (a
             # Sequential names its layers with setattr); on an imported module they patch it.
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "vars")
-                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules):
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in imported):
                 hits.append(f"{node.func.id}({node.args[0].id}, ...) changes a module")
+            # A module handed to other code, which can then change it: helper(np), m = np, [np].
+            if (isinstance(node, ast.Name) and node.id in modules and isinstance(node.ctx, ast.Load)
+                    and id(node) not in reached):
+                hits.append(f"hands the module {node.id} to other code")
         if hits:
             notes.append(f"code cell {n} {', '.join(dict.fromkeys(hits))}")
     return notes
