@@ -117,8 +117,15 @@ def _class(folder, private):
     moved, cells = _solution_cells()
     for cell in cells[2:]:
         cell.source = cell.source.split("\ncheck(")[0]
+    # The fourth answer calls the library's backward, kept as a default argument.
+    alias, cells = _solution_cells()
+    cells[5].source = ("from course.micrograd import Value\n\n"
+                       "def dL_dx(x, _backward=Value.backward):\n"
+                       "    v = Value(x)\n    loss = (2 * v - 1).tanh() ** 2\n    _backward(loss)\n    return v.grad\n\n"
+                       "check(\"1.1.4\", dL_dx)")
     return {
         "solution": submit("solution", SOLUTION.read_bytes()),
+        "backward-as-a-default-argument": submit("backward-as-a-default-argument", alias),
         "steals-the-key": submit("steals-the-key", _handout(STEAL_THE_KEY)),
         "reads-the-environment": submit("reads-the-environment", _handout(LEAKS, at=1)),
         "escape-codes": submit(f"escape{FAKE_LINE}codes", _handout(f"raise RuntimeError({FAKE_LINE!r})", at=1)),
@@ -165,6 +172,8 @@ def test_a_class_under_attack(tmp_path, monkeypatch, capsys, sandbox):
     assert "\x1b" not in codes["status"] and "\x1b" not in codes["notebook"] and "\n" not in codes["notebook"]
     memory = row["eats-memory"]
     assert "MemoryError" in memory["status"] and "memory limit is 3 GiB" in memory["status"], memory
+    alias = row["backward-as-a-default-argument"]
+    assert [alias[i] for i in IDS] == ["passed", "passed", "passed", "failed"], alias
     early = row["error-before-an-exercise"]
     assert "ValueError: stuck" in early["status"]
     assert [early[i] for i in IDS] == ["passed", "passed", "not run", "not run"], early
