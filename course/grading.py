@@ -24,6 +24,7 @@ The README's "For instructors" section says what this does not protect against.
 import ast
 import contextlib
 import csv
+import functools
 import hashlib
 import hmac
 import io
@@ -40,7 +41,6 @@ import tempfile
 import threading
 import time
 import tokenize
-import functools
 from pathlib import Path
 
 from .notebooks import KERNEL_ENV, all_notebooks, repo_root
@@ -429,8 +429,12 @@ class _Kernel:
         self.km = KernelManager(kernel_name="python3")
         # No stdin or stdout of ours: what the kernel writes never reaches the runner's report. Its
         # environment is the one the grader chose, not the runner's.
+        try:
+            import resource  # here, not between fork and exec, where an import could wait forever
+        except ImportError:  # Windows
+            resource = None
         self.km.start_kernel(cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, preexec_fn=functools.partial(_powerless, memory),
+                             stderr=subprocess.DEVNULL, preexec_fn=functools.partial(_powerless, memory, resource),
                              extra_arguments=["--HistoryManager.hist_file=:memory:"])
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -466,14 +470,17 @@ class _Kernel:
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 4, 24, 36
 
 
-def _prctl(option, value):
-    """prctl(2) on Linux; False where it failed or does not exist."""
-    if not sys.platform.startswith("linux"):
-        return False
+@functools.lru_cache(maxsize=None)
+def _libc():
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) == 0
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _prctl(option, value):
+    """prctl(2) on Linux; False where it failed or does not exist."""
+    libc = _libc()
+    return libc is not None and libc.prctl(option, value, 0, 0, 0) == 0
 
 
 @contextlib.contextmanager
@@ -489,17 +496,19 @@ def _undumpable():
             _prctl(PR_SET_DUMPABLE, 1)
 
 
-def _powerless(memory):
+def _powerless(memory, resource):
     """Run in the kernel's process between fork and exec: it dies with the runner, runs with no
-    capabilities even as root (so it cannot read the undumpable runner or grader), and has at most
-    `memory` bytes of address space."""
-    import resource
-
+    capabilities even as root (so it cannot read the undumpable runner or grader), and may have at
+    most `memory` bytes of data (RLIMIT_DATA: the address space a GPU driver reserves, without
+    using it, does not count)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for cap in range(64):  # emptied bounding set: root gets no capability at exec
         _prctl(PR_CAPBSET_DROP, cap)
-    if memory:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    if memory and resource is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+        except (ValueError, OSError):  # a platform without it
+            pass
 
 
 def _stop_all(root, also=()):

@@ -230,6 +230,7 @@ def unavailable(*paths, task="", namespaces=()):
     """
     restore = []  # (setter, target, name, old value or _NOTHING)
     originals = []
+    gated = set()
     try:
         for path in paths:
             obj, owner, name = _resolve(path)
@@ -245,7 +246,9 @@ def unavailable(*paths, task="", namespaces=()):
             functions = _functions_of(own) if own is not None else []
             if functions:
                 for f in functions:
-                    _gate(f, message, restore)
+                    if id(f) not in gated:
+                        gated.add(id(f))
+                        _gate(f, message, restore)
                 continue
             if owner is not None:
                 raw = owner.__dict__.get(name, _NOTHING)
