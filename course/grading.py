@@ -204,6 +204,9 @@ SUSPECT = [(re.compile(p), what) for p, what in [
      r"|\bconcurrent\b|\bpty\b|\bpsutil\b|\bposix\b|\bcreate_subprocess", "handles processes"),
     (r"\bgetenv\w*|\b(put|unset)env\b|\benviron\w*|COURSE.GRADE", "reads the environment"),
     (r"/proc\b|/dev/|/sys/", "reads /proc, /dev or /sys"),
+    (r"\bgetcwd\b|\bcwd\s*\(|\bhome\s*\(|\bexpanduser\b|\bgettempdir\b|/tmp\b|\bgetuid\b|\bgetpid\b"
+     r"|\bgetlogin\b|\bgethostname\b|\bsys\s*\.\s*(argv|orig_argv)\b|\bplatform\s*\.\s*node\b",
+     "looks at where it runs"),
     (r"\bthreading\b|\b_thread\b|\batexit\b", "leaves code running"),
     (r"\b(exec|eval|compile|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
 ]]

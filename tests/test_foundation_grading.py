@@ -293,6 +293,8 @@ REACHES_IN = {
     "concurrent.futures": "from concurrent import futures\nfutures.ProcessPoolExecutor().submit(print)",
     "the environment": "import os\nif os.getenv('COURSE_GRADE_RUN'):\n    print('graded')",
     "the environment by name": "from os import environ\ngraded = len(environ)",
+    "the folder it runs in": "import os\ngraded = os.getcwd().startswith('/tmp/work')",
+    "the kernel's arguments": "import sys\ngraded = any('kernel' in a for a in sys.argv)",
 }
 
 
