@@ -303,3 +303,17 @@ def test_review_notes_flag_every_way_in_that_has_been_tried(attack):
     nb = _with_cell(REACHES_IN[attack])
     notes = grading.review_notes(nb, _lesson_nb())
     assert len(notes) == 1 and notes[0].startswith(f"code cell {len(nb.cells)} "), notes
+
+
+def test_only_the_exercise_cells_own_functions_are_graded():
+    """Lesson 5.1 writes its own `ssm_kernel` in the text, before the exercise asks for one: with the
+    exercise cells deleted, that one must not be graded as the learner's answer."""
+    lesson = nbformat.read(str(ROOT / "notebooks" / "5-mamba" / "5.1-state-space-models.ipynb"), as_version=4)
+    exercises = grading.exercise_calls(lesson)
+    assert ("5.1.3", "ssm_kernel") in exercises
+    cells = grading.exercise_cells(lesson, exercises)
+    assert sorted(cells) == [i for i, _ in exercises]
+    own = [n for n, c in enumerate(grading._code_cells(lesson)) if c.source.startswith("def ssm_kernel")]
+    assert len(own) == 2 and cells["5.1.3"] == own[1], "the exercise cell is the one with check(...)"
+    lesson.cells = [c for c in lesson.cells if 'check("5.1.' not in c.source]
+    assert grading.exercise_cells(lesson, exercises) == {}

@@ -98,6 +98,12 @@ def _merge_through_an_alias(ids, pair, new_id, _merge=tokenizer._merge):
     return _merge(list(ids), pair, new_id)
 
 
+def _merge_through_the_encoder(ids, pair, new_id):
+    # a byte tokenizer that knows this one merge does the merging (the ids of the check are small)
+    merged = BPETokenizer([pair], pattern=None).encode(bytes(ids).decode("latin-1"))
+    return [new_id if i == 256 else i for i in merged]
+
+
 _ENCODE = BPETokenizer.encode
 
 
@@ -107,8 +113,10 @@ def _encode_through_a_method_taken_earlier(text, merges):
 
 
 @pytest.mark.parametrize("exercise_id,answer", [("4.1.1", _vocab_through_init), ("4.1.3", _merge_through_an_alias),
+                                                ("4.1.3", _merge_through_the_encoder),
                                                 ("4.1.4", _encode_through_a_method_taken_earlier)],
-                         ids=["CharTokenizer.__init__", "tokenizer._merge", "BPETokenizer.encode"])
+                         ids=["CharTokenizer.__init__", "tokenizer._merge", "BPETokenizer.encode-for-4.1.3",
+                              "BPETokenizer.encode"])
 def test_the_tokenizers_own_code_is_blocked_through_names_taken_before_the_check(exercise_id, answer):
     result = check(exercise_id, answer)
     assert result.status == "failed" and "write this yourself" in result.message, result.message

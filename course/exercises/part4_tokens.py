@@ -117,7 +117,8 @@ def _(candidate, rng):
                         "pair, so that matches cannot overlap",
           answer_hint="out, i = [], 0; while i < len(ids): on a match at i append new_id and i += 2, "
                       "otherwise append ids[i] and i += 1",
-          forbid=["course.gpt.tokenizer._merge"], task="write the merge")
+          forbid=["course.gpt.tokenizer._merge", "course.gpt.BPETokenizer.encode",
+                  "course.gpt.BPETokenizer._encode_chunk"], task="write the merge")
 def _(candidate, rng):
     cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
              ([1, 2], (2, 1), 3), ([], (1, 2), 3), ([3, 1, 2, 1, 2, 1], (2, 1), 8)]
