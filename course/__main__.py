@@ -27,7 +27,8 @@ def main(argv=None):
                                     "the course's lesson with the submission's file name)")
     p.add_argument("--no-sandbox", action="store_true", help="do not use bubblewrap even where it works")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
-    p.add_argument("--memory", type=float, default=8, help="GiB of memory each notebook may use (default 8, 0: no limit)")
+    p.add_argument("--memory", type=float, default=8,
+                   help="GiB of memory each notebook may use (default 8, 0: no limit)")
 
     sub.add_parser("doctor", help="what this machine has for the course")
     p = sub.add_parser("notebooks", help="re-execute notebooks in place, in a fresh kernel")

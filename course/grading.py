@@ -582,9 +582,9 @@ def runner_main():
         ran = n
     if alive:
         # Only an exercise whose own cell ran is checked, on the name that cell defines.
-        cells = job["exercise_cells"]
+        cells, to_the_end = job["exercise_cells"], ran == len(job["cells"])
         checked = [(i, name) for i, name in job["exercises"] if cells.get(i) is not None and cells[i] < ran]
-        outcomes.update({i: "not attempted" for i, _ in job["exercises"] if cells.get(i) is None and ran == len(job["cells"])})
+        outcomes.update({i: "not attempted" for i, _ in job["exercises"] if cells.get(i) is None and to_the_end})
         result = _run_checks(kernel, job, checked) if checked else {}
         if isinstance(result, dict):
             outcomes.update(result)
@@ -593,7 +593,8 @@ def runner_main():
     elif job["memory"]:
         status += f" (it may have reached the memory limit of {job['memory'] / 2**30:g} GiB)"
     # Nothing of the notebook runs any more when the report is written.
-    kernel.stop()
+    with contextlib.suppress(Exception):
+        kernel.stop()
     _stop_all(psutil.Process())
     report = json.dumps({"status": status[:PEEK], "outcomes": outcomes})
     os.write(sys.stdout.fileno(), f"\n{RESULT_TAG} {_sign(key, report)} {report}\n".encode())

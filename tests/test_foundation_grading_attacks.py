@@ -134,7 +134,8 @@ def _class(folder, private, only=None):
     alias, cells = _solution_cells()
     cells[5].source = ("from course.micrograd import Value\n\n"
                        "def dL_dx(x, _backward=Value.backward):\n"
-                       "    v = Value(x)\n    loss = (2 * v - 1).tanh() ** 2\n    _backward(loss)\n    return v.grad\n\n"
+                       "    v = Value(x)\n    loss = (2 * v - 1).tanh() ** 2\n"
+                       "    _backward(loss)\n    return v.grad\n\n"
                        "check(\"1.1.4\", dL_dx)")
     paths = {
         "solution": submit("solution", SOLUTION.read_bytes()),
