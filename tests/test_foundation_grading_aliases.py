@@ -70,6 +70,22 @@ def test_the_forbidden_function_is_blocked_however_it_is_reached(answer):
     assert answer(0.3) == pytest.approx(4 * math.tanh(-0.4) * (1 - math.tanh(-0.4) ** 2))
 
 
+def test_every_forbidden_name_is_blocked_as_an_object():
+    """Each `forbid` path of every check is a Python function (or a class with its own __init__),
+    so that no other way of reaching it gets past the check."""
+    import inspect
+
+    _core.registered_ids()
+    paths = sorted({p for entry in _core._CHECKS.values() for p in entry.forbid})
+    assert len(paths) > 50
+    for path in paths:
+        obj, owner, name = _core._resolve(path)
+        if inspect.isclass(obj):
+            owner, name = obj, "__init__"
+        own = owner.__dict__.get(name) if owner is not None else obj
+        assert own is not None and _core._functions_of(own), f"{path} would only be replaced by name"
+
+
 def test_a_function_with_a_closure_is_blocked_and_put_back():
     from course.exercises._core import Unavailable, unavailable
 
