@@ -73,17 +73,28 @@ def test_the_forbidden_function_is_blocked_however_it_is_reached(answer):
 def test_every_forbidden_name_is_blocked_as_an_object():
     """Each `forbid` path of every check is a Python function (or a class with its own __init__),
     so that no other way of reaching it gets past the check."""
-    import inspect
-
     _core.registered_ids()
     paths = sorted({p for entry in _core._CHECKS.values() for p in entry.forbid})
     assert len(paths) > 50
     for path in paths:
-        obj, owner, name = _core._resolve(path)
-        if inspect.isclass(obj):
-            owner, name = obj, "__init__"
-        own = owner.__dict__.get(name) if owner is not None else obj
+        own = _own(path)
         assert own is not None and _core._functions_of(own), f"{path} would only be replaced by name"
+    # and each check's list can be blocked and put back
+    for exercise_id, entry in _core._CHECKS.items():
+        functions = [f for path in entry.forbid for f in _core._functions_of(_own(path))]
+        codes = [f.__code__ for f in functions]
+        with _core.unavailable(*entry.forbid):
+            assert all(f.__code__ is not code for f, code in zip(functions, codes)), exercise_id
+        assert all(f.__code__ is code for f, code in zip(functions, codes)), exercise_id
+
+
+def _own(path):
+    import inspect
+
+    obj, owner, name = _core._resolve(path)
+    if inspect.isclass(obj):
+        owner, name = obj, "__init__"
+    return owner.__dict__.get(name) if owner is not None else obj
 
 
 def test_a_function_with_a_closure_is_blocked_and_put_back():
