@@ -125,8 +125,9 @@ def _(candidate, rng):
         t = math.tanh(2 * x - 1)
         on = f"L(x) = tanh(2x - 1)**2 at x={x:.3g}"
         got = call(candidate, x, on=on)
-        # float32 work is right too: it agrees to about 1e-7
-        expect_close(got, 4 * t * (1 - t * t), on=on, rtol=1e-5, atol=1e-7, what="dL/dx")
+        # float32 work is right too: it agrees to about 1e-7 of the terms it multiplies, which near
+        # a small derivative is more than 1e-5 of the result (inputs differ when grading)
+        expect_close(got, 4 * t * (1 - t * t), on=on, rtol=1e-5, atol=1e-6, what="dL/dx")
 
 
 # ---- 1.2 backpropagation ----
@@ -266,7 +267,8 @@ def _(candidate, rng):
           answer_hint="sum((s.data > 0) == (y > 0) for s, y in zip(scores, labels)) / len(labels)")
 def _(candidate, rng):
     Value = _value()
-    cases = [([Value(2.0), Value(-0.5), Value(0.3), Value(-1.0)], [1, -1, -1, 1])]
+    # a fixed case where counting positive scores is not the accuracy: random ones may not tell them apart
+    cases = [([Value(2.0), Value(-0.5), Value(0.3), Value(-1.0)], [1, -1, 1, 1])]
     cases += [_scores_and_labels(rng, n) for n in (1, 7, 20)]
     for scores, labels in cases:
         on = f"scores {_fmt([s.data for s in scores])}, labels {labels}"
