@@ -1,7 +1,7 @@
 """For instructors: hand out lessons without solutions, and grade what comes back.
 
     python -m course assign 1 2 --out handout/            lessons of parts 1 and 2, with a README
-    python -m course grade subs/*/1.1-derivatives.ipynb --out grades.csv
+    python -m course grade --out grades.csv -- subs/*/1.1-derivatives.ipynb   (after --: notebooks only)
 
 Grading does not trust the notebooks it grades:
 - every submission is read into memory before any of them runs, and grading runs that copy;
