@@ -46,7 +46,7 @@ assignment: setup ## lesson notebooks without solutions for students (PARTS="1 2
 grade: OUT = grades.csv
 grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=grades.csv
 	@test -n "$(NB)" || (echo 'usage: make grade NB="submissions/*.ipynb" [OUT=grades.csv]' && exit 2)
-	$(BIN)/python -m course grade $(NB) --out $(OUT)
+	$(BIN)/python -m course grade --out $(OUT) -- $(NB)
 
 bench: setup ## time the engines against their references and print a table
 	$(BIN)/python -m benchmarks

@@ -1,7 +1,7 @@
 """The course's command line: `python -m course COMMAND`.
 
     assign PARTS... --out DIR          lesson notebooks of the chosen parts, without solutions
-    grade NOTEBOOKS... --out FILE.csv  run submitted notebooks, check their exercises, one row each
+    grade [--out FILE.csv] -- NOTEBOOKS...  run submitted notebooks, check their exercises, one row each
     doctor                             versions, graphviz, GPU or simulator
     lab                                JupyterLab at the top of the course, without the news pop-up
     notebooks [PATHS...]               re-execute notebooks in place (all of them by default)
@@ -22,13 +22,15 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="folder to write into")
 
     p = sub.add_parser("grade", help="run submitted notebooks and write one CSV row each")
-    p.add_argument("notebooks", nargs="+")
+    p.add_argument("notebooks", nargs="*", help="the notebooks; after `--`, names that begin with - too")
     p.add_argument("--out", default="grades.csv")
     p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
     p.add_argument("--lesson", help="the handed-out lesson notebook they all answer (by default, "
                                     "the course's lesson with the submission's file name)")
     p.add_argument("--no-sandbox", action="store_true", help="do not use bubblewrap even where it works")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
+    p.add_argument("--memory", type=float, default=8,
+                   help="GiB of memory each notebook may use (default 8, 0: no limit)")
 
     sub.add_parser("doctor", help="what this machine has for the course")
     p = sub.add_parser("lab", help="start JupyterLab at the top of the course (Ctrl-C twice stops it)")
@@ -41,6 +43,7 @@ def main(argv=None):
     p.add_argument("repo", help="owner/name on GitHub")
     sub.add_parser("syllabus", help="rewrite the syllabus table in README.md")
 
+    argv, files = _split_files(argv)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "lab":  # only `lab` passes options on (to JupyterLab)
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -49,8 +52,12 @@ def main(argv=None):
         assign(args.parts, args.out)
     elif args.command == "grade":
         from .grading import grade
+
+        args.notebooks += files
+        if not args.notebooks:
+            parser.error("grade: give the notebooks to grade (python -m course grade -- *.ipynb)")
         grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
-              sandbox=not args.no_sandbox, jobs=args.jobs)
+              sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory)
     elif args.command == "doctor":
         from .doctor import main as doctor
         doctor()
@@ -67,6 +74,21 @@ def main(argv=None):
     elif args.command == "syllabus":
         from .notebooks import write_syllabus
         write_syllabus()
+
+
+def _split_files(argv):
+    """For `grade`: (the arguments argparse reads, the notebooks it must not see). Everything after
+    `--` is a notebook; so is an argument that names an existing file, such as `--lesson=x.ipynb`
+    brought in by the shell from `grade *.ipynb`: a file name is never taken for an option."""
+    import os
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "grade":
+        return argv, []
+    end = argv.index("--") if "--" in argv else len(argv)
+    files = [a for a in argv[1:end] if a.startswith("-") and os.path.lexists(a)]
+    return [a for a in argv[:end] if a not in files], files + argv[end + 1:]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """For instructors: hand out lessons without solutions, and grade what comes back.
 
     python -m course assign 1 2 --out handout/            lessons of parts 1 and 2, with a README
-    python -m course grade subs/*/1.1-derivatives.ipynb --out grades.csv
+    python -m course grade --out grades.csv -- subs/*/1.1-derivatives.ipynb   (after --: notebooks only)
 
 Grading does not trust the notebooks it grades:
 - every submission is read into memory before any of them runs, and grading runs that copy;
@@ -13,13 +13,18 @@ Grading does not trust the notebooks it grades:
   `course.exercises` that the notebook could have changed), and reads each outcome from a line
   tagged with a random value that no earlier cell could know;
 - the runner that drives the kernel signs its report with a key the kernel never sees, so nothing
-  the notebook prints or writes can pass for a result;
+  the notebook prints or writes can pass for a result: the grader and the runner make themselves
+  undumpable (no other process of their user can read their memory or open their files through
+  /proc) and the kernel runs without capabilities, so it cannot read the key or reach the channel;
+- the kernel gets a clean environment: nothing of the instructor's, and no sign that it is graded;
 - when a notebook is done, or out of time, the kernel and every process it started are stopped.
 The README's "For instructors" section says what this does not protect against.
 """
 
 import ast
+import contextlib
 import csv
+import functools
 import hashlib
 import hmac
 import io
@@ -28,6 +33,8 @@ import os
 import re
 import secrets
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -66,8 +73,16 @@ Notebooks in this folder:
 
 OUTCOMES = ("passed", "failed", "not attempted", "not run")
 RESULT_TAG = "COURSE-GRADE"       # the runner's report line: tag, signature, JSON
-MARKER_ENV = "COURSE_GRADE_RUN"   # set in every process of one run, to find them all afterwards
 PEEK = 300                        # longest status text
+LARGEST = 64 << 20                # bytes: a bigger file is not read (a notebook with outputs is a few MB)
+MEMORY_GIB = 8                    # address space of each kernel, in GiB (--memory)
+
+# What the kernel keeps of the grader's environment: how to find programs and libraries, the
+# language, and the settings that choose a GPU or its simulator. Nothing else (no secret of the
+# instructor's, nothing that says it is graded).
+KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH", "COURSE_CUDA",
+            "NUMBA_ENABLE_CUDASIM", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_HOME")
 
 
 # ---- handing out ----
@@ -128,16 +143,21 @@ def _parse(source):
         return None
 
 
+def _check_calls(tree):
+    """(exercise id, name of the function checked) for each `check("1.2.3", name)` in a cell's code."""
+    for node in _walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "check"
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str) and isinstance(node.args[1], ast.Name)):
+            yield node.args[0].value, node.args[1].id
+
+
 def exercise_calls(nb):
     """[(exercise id, name of the function checked)] for each `check("1.2.3", name)` of a notebook."""
     found = {}
     for cell in _code_cells(nb):
-        tree = _parse(cell.source)
-        for node in _walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "check"
-                    and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str) and isinstance(node.args[1], ast.Name)):
-                found.setdefault(node.args[0].value, node.args[1].id)
+        for exercise_id, name in _check_calls(_parse(cell.source)):
+            found.setdefault(exercise_id, name)
     return list(found.items())
 
 
@@ -170,16 +190,47 @@ def _find_lesson(name, text, lessons):
 # Things an exercise answer never needs, and that code trying to fool the grader would use.
 # Comments are left out of the search; strings are not (a path to /proc is as telling as a call).
 SUSPECT = [(re.compile(p), what) for p, what in [
-    (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b", "reaches into the checker"),
-    (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\b__builtins__\b|\bbuiltins\b", "uses builtins"),
-    (r"\bget_ipython\b|\bIPython\b", "uses IPython's insides"), (r"\bimportlib\b", "uses importlib"),
-    (r"\bsys\s*\.\s*(stdout|stderr|_getframe|_current_frames|settrace|setprofile)\b", "uses sys's insides"),
-    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b", "inspects the interpreter"),
-    (r"\bos\s*\.\s*(kill|killpg|environ|fork|setsid)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b",
-     "handles processes"),
-    (r"/proc\b", "reads /proc"), (r"\bthreading\b|\batexit\b", "leaves code running"),
+    (r"\bcourse\s*\.\s*exercises\b|\b_core\b|\b_load_part\b|\b_CHECKS\b|\b_FRESH\b", "reaches into the checker"),
+    (r"\b__(globals|closure|code|wrapped|defaults|kwdefaults|self|func|subclasses|setattr|getattribute|"
+     r"reduce_ex|reduce|dict|builtins|import|loader|spec)__\b", "reaches into an object's insides"),
+    (r"\b(tb_frame|tb_next|f_globals|f_locals|f_back|f_builtins|f_code|gi_frame|cr_frame|ag_frame|"
+     r"__traceback__|__context__|__cause__)\b", "reaches into stack frames"),
+    (r"\bsys\s*\.\s*modules\b", "uses sys.modules"), (r"\bbuiltins\b", "uses builtins"),
+    (r"\bget_ipython\b|\bIPython\b|\b_ip\b|\binput_transformers\w*|\bast_transformers\b|\bdisplay(hook|_pub)\b"
+     r"|\b(exit|quit)\s*\.", "uses IPython's insides"),
+    (r"\bimportlib\b|\bglobals\s*\(|\blocals\s*\(", "uses importlib or the namespace itself"),
+    (r"\bsys\s*\.\s*(stdout|stderr|stdin|_getframe|_current_frames|settrace|setprofile|exit|excepthook|"
+     r"displayhook|audit|addaudithook|__\w+__)\b", "uses sys's insides"),
+    (r"\bctypes\b|\bgc\s*\.|\binspect\s*\.|\bimport\s+inspect\b|\bmarshal\b|\bpickle\b|\btypes\s*\.\s*"
+     r"(FunctionType|CodeType)", "inspects the interpreter"),
+    (r"\bos\s*\.\s*(system|popen|spawn\w*|posix_spawn\w*|exec\w*|fork\w*|kill\w*|setsid|setpgid|getppid|"
+     r"wait\w*|pidfd_\w*)\b|\bsignal\s*\.|\bsubprocess\b|\bmultiprocessing\b"
+     r"|\bconcurrent\b|\bpty\b|\bpsutil\b|\bposix\b|\bcreate_subprocess", "handles processes"),
+    (r"\bgetenv\w*|\b(put|unset)env\b|\benviron\w*|COURSE.GRADE", "reads the environment"),
+    (r"/proc\b|/dev/|/sys/", "reads /proc, /dev or /sys"),
+    (r"\bgetcwd\b|\bcwd\s*\(|\bhome\s*\(|\bexpanduser\b|\bgettempdir\b|/tmp\b|\bgetuid\b|\bgetpid\b"
+     r"|\bgetlogin\b|\bgethostname\b|\bsys\s*\.\s*(argv|orig_argv)\b|\bplatform\s*\.\s*node\b",
+     "looks at where it runs"),
+    (r"\bthreading\b|\b_thread\b|\batexit\b", "leaves code running"),
     (r"\b(exec|eval|compile|__import__)\s*\(|\b__dict__\b", "runs code from text or sets attributes"),
 ]]
+
+# What a cell reaches through its imports, by full dotted name (`import os as o; o.system`,
+# `from os import system`, `from concurrent import futures`): a prefix here is worth a look.
+SUSPECT_NAMES = {
+    "os.system": "handles processes", "os.popen": "handles processes", "os.posix_spawn": "handles processes",
+    "os.posix_spawnp": "handles processes", "os.spawn": "handles processes", "os.exec": "handles processes",
+    "os.fork": "handles processes", "os.kill": "handles processes", "os.getppid": "handles processes",
+    "os.setsid": "handles processes", "os.environ": "reads the environment", "os.getenv": "reads the environment",
+    "os.environb": "reads the environment", "os.putenv": "reads the environment",
+    "subprocess": "handles processes", "multiprocessing": "handles processes", "concurrent": "handles processes",
+    "signal": "handles processes", "pty": "handles processes", "psutil": "handles processes",
+    "posix": "handles processes", "ctypes": "inspects the interpreter", "gc": "inspects the interpreter",
+    "inspect": "inspects the interpreter", "sys": "uses sys's insides", "builtins": "uses builtins",
+    "importlib": "uses importlib", "IPython": "uses IPython's insides", "threading": "leaves code running",
+    "_thread": "leaves code running", "atexit": "leaves code running", "course.exercises": "reaches into the checker",
+    "course.grading": "reaches into the checker",
+}
 
 
 def _without_comments(source):
@@ -196,29 +247,84 @@ def _unmarked(source):
     return "\n".join(line for line in source.split("\n") if not MARKER_LINE.match(line)).strip()
 
 
+def _imports(trees):
+    """{name bound in the notebook: the dotted name of what was imported}."""
+    names = {}
+    for tree in trees:
+        for node in _walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    names[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _dotted(node, imports):
+    """The full dotted name an expression reaches (`o.system` -> "os.system"), or None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name) and node.id in imports:
+        return ".".join([imports[node.id], *reversed(parts)])
+    return None
+
+
+def _strings(tree):
+    """Every string constant of a cell, run together: `"/pr" + "oc"` reads "/proc" here."""
+    return "".join(n.value for n in _walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
 def review_notes(nb, lesson):
     """Why an instructor might look at a submission by hand: cells the lesson does not have that
-    touch the machinery around the exercises, or that change an attribute of an imported module."""
+    touch the machinery around the exercises, the environment or other processes, or that change
+    an attribute of an imported module (directly, or by handing the module to other code)."""
     own = {_unmarked(c.source) for c in _code_cells(lesson)}
     trees = [_parse(c.source) for c in _code_cells(nb)]
-    modules = {a.asname or a.name.split(".")[0] for tree in trees for node in _walk(tree)
-               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    imports = _imports(trees)
+    imported = set(imports)  # modules, and the functions and classes imported from them
+    modules = {name for tree in trees for node in _walk(tree) if isinstance(node, ast.Import)
+               for name in [a.asname or a.name.split(".")[0] for a in node.names]}
+    modules |= {name for name, full in imports.items() if full in sys.modules}
     notes = []
     for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
         if _unmarked(cell.source) in own:
             continue
         source = _without_comments(cell.source).replace("from course . exercises import check", "")
+        source += "\n" + _strings(tree)
         hits = [what for pattern, what in SUSPECT if pattern.search(source)]
+        reached = {id(n.value) for n in _walk(tree) if isinstance(n, ast.Attribute)}
+        reached |= {id(n.args[0]) for n in _walk(tree) if isinstance(n, ast.Call) and n.args
+                    and isinstance(n.func, ast.Name) and n.func.id in ("setattr", "vars")}  # said below
         for node in _walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, ast.ImportFrom) and node.module == "course" and any(
+                    a.name in ("exercises", "grading") for a in node.names):
+                hits.append("reaches into the checker")
+            if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(getattr(node, "ctx", None), ast.Load):
+                full = _dotted(node, imports) or ""
+                hits += [what for name, what in SUSPECT_NAMES.items()
+                         if (full == name or full.startswith(name + ".") or
+                             name in ("os.spawn", "os.exec", "os.fork", "os.kill") and full.startswith(name))
+                         and full != "course.exercises.check"]
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [getattr(node, "target", None)]
             for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
-                    hits.append(f"sets {t.value.id}.{t.attr}")
+                if isinstance(t, ast.Attribute):
+                    root = t.value
+                    while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                        root = root.func if isinstance(root, ast.Call) else root.value
+                    if isinstance(root, ast.Name) and root.id in imported:
+                        hits.append(f"sets {ast.unparse(t)}")
             # setattr(obj, ...) and vars(obj) are ordinary on the learner's own objects (a
             # Sequential names its layers with setattr); on an imported module they patch it.
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "vars")
-                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules):
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in imported):
                 hits.append(f"{node.func.id}({node.args[0].id}, ...) changes a module")
+            # A module handed to other code, which can then change it: helper(np), m = np, [np].
+            if (isinstance(node, ast.Name) and node.id in modules and isinstance(node.ctx, ast.Load)
+                    and id(node) not in reached):
+                hits.append(f"hands the module {node.id} to other code")
         if hits:
             notes.append(f"code cell {n} {', '.join(dict.fromkeys(hits))}")
     return notes
@@ -233,7 +339,7 @@ def sandbox_problem():
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap (bwrap) is not installed"
-    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent",
+    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
                             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "true"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
@@ -259,7 +365,9 @@ def _sandbox_command(hide):
     def under(a, b):
         return a != b and b in a.parents
 
-    args = [shutil.which("bwrap"), "--die-with-parent", "--unshare-all", "--new-session",
+    # Without capabilities (bwrap keeps them all for root), no process inside may read another's
+    # memory or files through /proc once that one is undumpable, as the runner is.
+    args = [shutil.which("bwrap"), "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL",
             "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # /bin -> usr/bin on most systems now
@@ -283,7 +391,7 @@ def _sandbox_command(hide):
 # lesson's functions from the notebook's namespace, and prints the outcomes after a random tag
 # that exists only in this cell.
 FINAL_CELL = '''\
-def _course_grade(tag, exercises, sources, part, ran_to_end):
+def _course_grade(tag, exercises, sources, part, seed):
     import builtins, importlib.abc, importlib.util, json, sys
 
     class Source(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -306,11 +414,12 @@ def _course_grade(tag, exercises, sources, part, ran_to_end):
         importlib.import_module(part)
     finally:
         sys.meta_path.remove(finder)
+    core._FRESH = seed  # inputs drawn afresh: none of them could be known from an earlier run
     defined = sys._getframe(0).f_globals
     outcomes = {}
     for exercise_id, name in exercises:
         if name not in defined:
-            outcomes[exercise_id] = "not attempted" if ran_to_end else "not run"
+            outcomes[exercise_id] = "not attempted"
             continue
         try:
             outcomes[exercise_id] = core.check(exercise_id, defined[name]).status
@@ -327,13 +436,19 @@ class _Kernel:
     """A fresh IPython kernel, driven through jupyter_client (nbclient would pull in nbformat and
     its JSON-schema validation, which take longer to import than the kernel takes to start)."""
 
-    def __init__(self):
+    def __init__(self, env, memory):
         from jupyter_client import KernelManager
 
         self.km = KernelManager(kernel_name="python3")
-        # No stdin or stdout of ours: what the kernel writes never reaches the runner's report.
-        self.km.start_kernel(cwd=os.getcwd(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, extra_arguments=["--HistoryManager.hist_file=:memory:"])
+        # No stdin or stdout of ours: what the kernel writes never reaches the runner's report. Its
+        # environment is the one the grader chose, not the runner's.
+        try:
+            import resource  # here, not between fork and exec, where an import could wait forever
+        except ImportError:  # Windows
+            resource = None
+        self.km.start_kernel(cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, preexec_fn=functools.partial(_powerless, memory, resource),
+                             extra_arguments=["--HistoryManager.hist_file=:memory:"])
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -361,20 +476,88 @@ class _Kernel:
 
     def stop(self):
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        self.km.shutdown_kernel(now=True)  # which also removes its connection file
 
 
-def _run_checks(kernel, job, ran_to_end):
+# prctl(2) options
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 4, 24, 36
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _prctl(option, value):
+    """prctl(2) on Linux; False where it failed or does not exist."""
+    libc = _libc()
+    return libc is not None and libc.prctl(option, value, 0, 0, 0) == 0
+
+
+@contextlib.contextmanager
+def _undumpable():
+    """While grading, this process is not dumpable: another process of the same user cannot read
+    its memory (the runners' keys) or open its files and pipes through /proc, unless it has
+    CAP_SYS_PTRACE, which no kernel has."""
+    changed = _prctl(PR_SET_DUMPABLE, 0)
+    try:
+        yield
+    finally:
+        if changed:
+            _prctl(PR_SET_DUMPABLE, 1)
+
+
+def _powerless(memory, resource):
+    """Run in the kernel's process between fork and exec: it dies with the runner, runs with no
+    capabilities even as root (so it cannot read the undumpable runner or grader), and may have at
+    most `memory` bytes of data (RLIMIT_DATA: the address space a GPU driver reserves, without
+    using it, does not count)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    for cap in range(64):  # emptied bounding set: root gets no capability at exec
+        _prctl(PR_CAPBSET_DROP, cap)
+    if memory and resource is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+        except (ValueError, OSError):  # a platform without it
+            pass
+
+
+def _stop_all(root, also=()):
+    """Stop `root`'s descendants (and the processes `also`) for good: freeze first, so none can
+    fork meanwhile, then kill, until none is left."""
+    import psutil
+
+    for _ in range(10):
+        found = {p.pid: p for p in also}
+        try:
+            found.update((p.pid, p) for p in root.children(recursive=True))
+        except psutil.Error:
+            pass
+        alive = [p for p in found.values() if _alive(p)]
+        if not alive:
+            return
+        for action in ("suspend", "kill"):
+            for p in alive:
+                try:
+                    getattr(p, action)()
+                except psutil.Error:
+                    pass
+        psutil.wait_procs(alive, timeout=2)
+
+
+def _run_checks(kernel, job, exercises):
     """Run the grader's cell in the notebook's kernel; return {id: outcome} or why it failed."""
     tag = secrets.token_hex(16)  # made now: no cell of the notebook could have seen it
-    source = FINAL_CELL % (tag, job["exercises"], job["sources"], job["part"], ran_to_end)
+    source = FINAL_CELL % (tag, exercises, job["sources"], job["part"], secrets.randbits(64))
     printed, error, _ = kernel.run(source, store_history=False, keep_output=True)
     if error:
         return f"the checks could not run in this notebook's kernel: {error}"
     found = [line[len(tag):] for line in printed.splitlines() if line.startswith(tag)]
     try:
         (outcomes,) = [json.loads(line) for line in found]
-        assert sorted(outcomes) == sorted(i for i, _ in job["exercises"])
+        assert sorted(outcomes) == sorted(i for i, _ in exercises)
         assert all(v in OUTCOMES for v in outcomes.values())
     except (ValueError, TypeError, AssertionError):  # none, several, or not what was asked
         return "the checks gave no readable result"
@@ -387,61 +570,62 @@ def _sign(key, payload):
 
 def runner_main():
     """The runner: read the job from stdin, run the cells in a kernel, then the checks; report on stdout."""
+    import psutil
+
+    # Before the key exists here: no process of the notebook may read this one's memory or reach
+    # its stdout through /proc, and every process the kernel leaves behind becomes a child of this one.
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     job = json.loads(sys.stdin.read())
     sys.stdin.close()
     key = job.pop("key")
     outcomes = {i: "not run" for i, _ in job["exercises"]}
-    kernel = _Kernel()
-    status, alive = "ok", True
+    kernel = _Kernel(job["env"], job["memory"])
+    status, alive, ran = "ok", True, 0
     for n, source in enumerate(job["cells"], 1):
         _, error, alive = kernel.run(source)
         if error:  # "Restart and run all" stops at the first error: so does grading
+            if error.startswith("MemoryError") and job["memory"]:
+                error += f" (the memory limit is {job['memory'] / 2**30:g} GiB)"
             status = f"error in code cell {n}: {error}" if alive else f"the kernel died in code cell {n}"
             break
+        ran = n
     if alive:
-        checked = _run_checks(kernel, job, ran_to_end=status == "ok")
-        if isinstance(checked, dict):
-            outcomes.update(checked)
+        # Only an exercise whose own cell ran is checked, on the name that cell defines.
+        cells, to_the_end = job["exercise_cells"], ran == len(job["cells"])
+        checked = [(i, name) for i, name in job["exercises"] if cells.get(i) is not None and cells[i] < ran]
+        outcomes.update({i: "not attempted" for i, _ in job["exercises"] if cells.get(i) is None and to_the_end})
+        result = _run_checks(kernel, job, checked) if checked else {}
+        if isinstance(result, dict):
+            outcomes.update(result)
         else:
-            status = checked if status == "ok" else f"{status}; {checked}"
+            status = result if status == "ok" else f"{status}; {result}"
+    elif job["memory"]:
+        status += f" (it may have reached the memory limit of {job['memory'] / 2**30:g} GiB)"
+    # Nothing of the notebook runs any more when the report is written.
+    with contextlib.suppress(Exception):
+        kernel.stop()
+    _stop_all(psutil.Process())
     report = json.dumps({"status": status[:PEEK], "outcomes": outcomes})
-    sys.stdout.write(f"\n{RESULT_TAG} {_sign(key, report)} {report}\n")
-    sys.stdout.flush()
-    kernel.stop()
+    os.write(sys.stdout.fileno(), f"\n{RESULT_TAG} {_sign(key, report)} {report}\n".encode())
 
 
 # ---- outside: the grader ----
 
-def _stop_everything(proc, marker):
-    """Stop the runner, its kernel and whatever they started, wherever they went: the kernel runs
-    in a session of its own, so a process group is not enough. Processes are found as children of
-    the runner and by the marker in their environment; they are frozen first so none can fork."""
+def _stop_everything(proc):
+    """Stop the runner, its kernel and whatever they started: the kernel runs in a session of its
+    own, so a process group is not enough. The runner adopts every orphan of the notebook's (it is
+    their subreaper), so all are its descendants; inside the sandbox they also share a PID namespace
+    that ends with it. They are frozen first so none can fork."""
     import psutil
 
-    for _ in range(10):
-        found = {}
-        if proc.poll() is None:  # not yet reaped, so its pid cannot belong to anyone else
-            try:
-                runner = psutil.Process(proc.pid)
-                found = {p.pid: p for p in [runner, *runner.children(recursive=True)]}
-            except psutil.Error:
-                pass
-        for p in psutil.process_iter():
-            try:
-                if p.pid != os.getpid() and p.environ().get(MARKER_ENV) == marker:
-                    found[p.pid] = p
-            except psutil.Error:
-                pass
-        alive = [p for p in found.values() if _alive(p)]
-        if not alive:
-            break
-        for action in ("suspend", "kill"):
-            for p in alive:
-                try:
-                    getattr(p, action)()
-                except psutil.Error:
-                    pass
-        psutil.wait_procs(alive, timeout=2)
+    if proc.poll() is None:  # not yet reaped, so its pid cannot belong to anyone else
+        try:
+            runner = psutil.Process(proc.pid)
+            _stop_all(runner, also=[runner])
+        except psutil.Error:
+            pass
+    proc.kill() if proc.poll() is None else None
     proc.wait()
 
 
@@ -491,32 +675,55 @@ def _user_site():
     return {"PYTHONNOUSERSITE": "1"}
 
 
-def _run(cells, exercises, part, time_limit, sandbox, hide):
+def _clean_env(work):
+    """The environment of the runner and of the kernel: what KEPT_ENV names, and fresh folders."""
+    env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
+    # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
+    env.update(KERNEL_ENV, **_user_site(), HOME=work, TMPDIR=f"{work}/.tmp", IPYTHONDIR=f"{work}/.ipython",
+               JUPYTER_RUNTIME_DIR=f"{work}/.jupyter", JUPYTER_CONFIG_DIR=f"{work}/.jupyter",
+               MPLCONFIGDIR=f"{work}/.mpl", NUMBA_CACHE_DIR=f"{work}/.numba")
+    return env
+
+
+def _remove(folder):
+    """Remove a run's folder, even where the notebook took away the permission to."""
+    def retry(function, path, _):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700) if os.path.isdir(path) and not os.path.islink(path) else None
+            function(path)
+
+    shutil.rmtree(folder, onerror=retry)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(job, time_limit, sandbox, hide):
     """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes)."""
-    key, marker = secrets.token_hex(32), secrets.token_hex(16)
+    exercises = job["exercises"]
+    key = secrets.token_hex(32)
     tag = RESULT_TAG.encode()
-    job = {"key": key, "cells": cells, "exercises": exercises, "part": part,
-           "sources": _check_sources()}
     outcomes = {i: "not run" for i, _ in exercises}
-    env = {k: v for k, v in os.environ.items()
-           if k == "PYTHONPATH" or not k.startswith(("JUPYTER", "IPYTHON", "PYTHON"))}
-    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as work:
-        # Nothing the notebook writes (IPython start-up files, user site-packages) outlives its run.
-        env.update(KERNEL_ENV, **_user_site(), **{MARKER_ENV: marker, "HOME": work,
-                                  "IPYTHONDIR": f"{work}/.ipython", "JUPYTER_RUNTIME_DIR": f"{work}/.jupyter",
-                                  "JUPYTER_CONFIG_DIR": f"{work}/.jupyter", "MPLCONFIGDIR": f"{work}/.mpl",
-                                  "NUMBA_CACHE_DIR": f"{work}/.numba"})
+    work = tempfile.mkdtemp(prefix="grade-")
+    try:
+        os.mkdir(f"{work}/.tmp")
+        env = _clean_env(work)
+        if sandbox:
+            env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+        message = {"key": key, "cells": job["cells"], "exercises": exercises, "part": job["part"],
+                   "exercise_cells": job["exercise_cells"], "sources": job["sources"], "env": env,
+                   "memory": int(job["memory"] * 2**30)}
         command = [sys.executable, "-c", "from course.grading import runner_main; runner_main()"]
         if sandbox:
             command = _sandbox_command(hide) + command
-            env.update({k: v.replace(work, "/tmp/work") for k, v in env.items() if v.startswith(work)})
         proc = subprocess.Popen(command, cwd=work, env=env, start_new_session=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = [], []
-        readers = [threading.Thread(target=_read_into, args=(proc.stdout, out, lambda line: line.startswith(tag)),
-                                    daemon=True),
+        # Only a signed line is kept: a flood of forged ones cannot push the report out.
+        signed = lambda line: line.startswith(tag) and _verified_report(line.decode(errors="replace"), key, exercises)
+        readers = [threading.Thread(target=_read_into, args=(proc.stdout, out, signed), daemon=True),
                    threading.Thread(target=_read_into, args=(proc.stderr, err), daemon=True)]
-        readers.append(threading.Thread(target=_write, args=(proc.stdin, json.dumps(job).encode()), daemon=True))
+        readers.append(threading.Thread(target=_write, args=(proc.stdin, json.dumps(message).encode()),
+                                        daemon=True))
         for r in readers:
             r.start()
         try:
@@ -525,9 +732,11 @@ def _run(cells, exercises, part, time_limit, sandbox, hide):
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:  # also when the instructor presses Ctrl-C
-            _stop_everything(proc, marker)
+            _stop_everything(proc)
         for r in readers:
             r.join(timeout=5)
+    finally:
+        _remove(work)
     if timed_out:
         return f"timed out after {time_limit:g} s", outcomes
     report = _verified_report(b"".join(out).decode(errors="replace"), key, exercises)
@@ -557,6 +766,37 @@ def _verified_report(text, key, exercises):
     return None
 
 
+def _defines(tree, name):
+    """Whether a cell's code binds `name` at its top level (def, class, assignment, import)."""
+    for node in getattr(tree, "body", ()):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            if any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+                return True
+    return False
+
+
+def exercise_cells(nb, exercises):
+    """{exercise id: index of the code cell that answers it}: the last cell that calls check on that
+    id and defines the function checked. Only those are graded: a lesson's own function of the same
+    name, defined elsewhere, is not the learner's answer."""
+    found = {}
+    for n, cell in enumerate(_code_cells(nb)):
+        tree = _parse(cell.source)
+        if tree is None:
+            continue
+        asked = {i for i, _ in _check_calls(tree)}
+        for exercise_id, name in exercises:
+            if exercise_id in asked and _defines(tree, name):
+                found[exercise_id] = n
+    return found
+
+
 def _prepare(path, data, lessons, lesson=None):
     """What grading needs to know of one submission (its bytes, or why they could not be read)
     before anything runs: the lesson it answers, its code cells, anything worth a second look."""
@@ -581,50 +821,84 @@ def _prepare(path, data, lessons, lesson=None):
         nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
     except Exception as err:
-        job["problem"] = f"not a notebook: {type(err).__name__}: {err}"
+        # The kind of problem only: the message may quote the file, which need not be a notebook
+        # at all (or someone else's file).
+        job["problem"] = f"not a notebook ({type(err).__name__})"
         return job
     job["review"] = review_notes(nb, handed_out)
     job["cells"] = [c.source for c in _code_cells(nb)]
+    job["exercise_cells"] = exercise_cells(nb, exercises)
     return job
 
 
 def _read(path):
+    """The bytes of a regular file, read without following a symbolic link or waiting on a FIFO or
+    a device; an OSError saying why not otherwise."""
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        if os.path.islink(path):
+            return OSError(f"it is a symbolic link (grade the file itself)")
+        return err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return OSError("it is not a regular file")
+        if info.st_size > LARGEST:
+            return OSError(f"it is larger than {LARGEST / 2**20:g} MB")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > LARGEST:
+                return OSError(f"it is larger than {LARGEST / 2**20:g} MB")
+        return b"".join(chunks)
     except OSError as err:
         return err
+    finally:
+        os.close(fd)
 
 
-def grade_one(path, time_limit=300, lesson=None, sandbox=True):
+def printable(text):
+    """`text` with every control character written as an escape: a file name or an error message
+    cannot move the cursor, clear the line, or start a new row on the instructor's terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def grade_one(path, time_limit=300, lesson=None, sandbox=True, memory=MEMORY_GIB):
     """Grade one notebook; return (status, {exercise id: outcome})."""
     job = _prepare(path, _read(path), lesson_notebooks() if lesson is None else [], lesson)
     use_sandbox = sandbox and sandbox_problem() is None
-    return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()})
+    with _undumpable():
+        return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()},
+                          sources=_check_sources(), memory=memory)
 
 
-def _grade_job(job, time_limit, sandbox, hide):
+def _grade_job(job, time_limit, sandbox, hide, sources, memory):
     outcomes = {i: "not run" for i, _ in job["exercises"]}
     if "problem" in job:
-        return job["problem"][:PEEK], outcomes
-    status, outcomes = _run(job["cells"], job["exercises"], job["part"], time_limit, sandbox, hide)
-    status = " ".join(status.split())[:PEEK]  # one line, however long the error message was
+        return printable(job["problem"])[:PEEK], outcomes
+    status, outcomes = _run({**job, "sources": sources, "memory": memory}, time_limit, sandbox, hide)
+    status = printable(" ".join(status.split()))[:PEEK]  # one line, however long the error message was
     if job["review"]:
         more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
         status = f"{status}; review by hand: {'; '.join(job['review'][:3])}{more}"
     return status, outcomes
 
 
-def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
+def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=MEMORY_GIB):
     """Grade notebooks and write one CSV row per notebook as each is graded; return the rows.
 
     Every submission is read before any runs, so what one does to another's file changes nothing.
     `sandbox=True` uses bubblewrap where it works, and says so once when it does not. With
-    `jobs` > 1, that many notebooks run at once and rows come in the order they finish.
+    `jobs` > 1, that many notebooks run at once and rows come in the order they finish. Each kernel
+    may use `memory` GiB of address space (0: no limit).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     paths = [Path(p) for p in paths]
     copies = [_read(p) for p in paths]
+    sources = _check_sources()  # once, before any submission runs
     lessons = lesson_notebooks() if lesson is None else []
     submissions = [_prepare(p, data, lessons, lesson) for p, data in zip(paths, copies)]
     ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))
@@ -638,16 +912,16 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1):
     def one(path, job):
         start = time.monotonic()
         try:
-            status, outcomes = _grade_job(job, time_limit, problem is None, hide)
+            status, outcomes = _grade_job(job, time_limit, problem is None, hide, sources, memory)
         except Exception as err:  # a bug of ours must not cost the rows still to come
-            status = f"grading failed: {type(err).__name__}: {err}"[:PEEK]
+            status = printable(f"grading failed: {type(err).__name__}: {err}")[:PEEK]
             outcomes = {i: "not run" for i, _ in job["exercises"]}
         passed = sum(v == "passed" for v in outcomes.values())
-        row = {"notebook": str(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
+        row = {"notebook": printable(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
         return row, time.monotonic() - start
 
     rows = []
-    with open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
+    with _undumpable(), open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
         writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="")
         writer.writeheader()
         f.flush()

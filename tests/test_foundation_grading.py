@@ -277,3 +277,48 @@ def test_the_sandbox_hides_submissions_and_keeps_python(tmp_path):
     kept = {args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"}
     assert str(Path(grading.__file__).resolve().parent) in kept
     assert str(tmp_path.resolve()) not in kept
+
+
+# Each way of reaching into the checker, the kernel or other processes that has been tried, in a
+# cell of its own; every one must be flagged for review by hand.
+REACHES_IN = {
+    "the checker's globals": "from course import exercises\ng = exercises.check.__globals__\ng['_CHECKS'].clear()",
+    "the checker through check": "from course.exercises import check\ncore = check.__globals__",
+    "frames of a traceback": "try:\n    1 / 0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame.f_back",
+    "a module handed to a helper": "import json\n\ndef patch(m, name, v):\n    setattr(m, name, v)\n\n"
+                                   "patch(json, 'dumps', lambda *a, **k: '{}')",
+    "sys.stdout through a helper": "import sys\n\ndef swap(module):\n    module.stdout = None\n\nswap(sys)",
+    "np.allclose through an alias": "import numpy as np\nm = np\nm.allclose = lambda *a, **k: True",
+    "a submodule's function": "import numpy as np\nnp.linalg.norm = lambda *a, **k: 0.0",
+    "IPython through exit": "exit._ip.input_transformers_cleanup.append(lambda lines: lines)",
+    "a path built from pieces": "path = '/pr' + 'oc' + '/self/maps'\nopen(path).read()",
+    "os.system": "import os\nos.system('true')",
+    "os.posix_spawn": "import os as o\no.posix_spawn('/bin/true', ['true'], {})",
+    "os.system imported by name": "from os import system\nsystem('true')",
+    "concurrent.futures": "from concurrent import futures\nfutures.ProcessPoolExecutor().submit(print)",
+    "the environment": "import os\nif os.getenv('COURSE_GRADE_RUN'):\n    print('graded')",
+    "the environment by name": "from os import environ\ngraded = len(environ)",
+    "the folder it runs in": "import os\ngraded = os.getcwd().startswith('/tmp/work')",
+    "the kernel's arguments": "import sys\ngraded = any('kernel' in a for a in sys.argv)",
+}
+
+
+@pytest.mark.parametrize("attack", list(REACHES_IN), ids=lambda name: name.replace(" ", "-"))
+def test_review_notes_flag_every_way_in_that_has_been_tried(attack):
+    nb = _with_cell(REACHES_IN[attack])
+    notes = grading.review_notes(nb, _lesson_nb())
+    assert len(notes) == 1 and notes[0].startswith(f"code cell {len(nb.cells)} "), notes
+
+
+def test_only_the_exercise_cells_own_functions_are_graded():
+    """Lesson 5.1 writes its own `ssm_kernel` in the text, before the exercise asks for one: with the
+    exercise cells deleted, that one must not be graded as the learner's answer."""
+    lesson = nbformat.read(str(ROOT / "notebooks" / "5-mamba" / "5.1-state-space-models.ipynb"), as_version=4)
+    exercises = grading.exercise_calls(lesson)
+    assert ("5.1.3", "ssm_kernel") in exercises
+    cells = grading.exercise_cells(lesson, exercises)
+    assert sorted(cells) == [i for i, _ in exercises]
+    own = [n for n, c in enumerate(grading._code_cells(lesson)) if c.source.startswith("def ssm_kernel")]
+    assert len(own) == 2 and cells["5.1.3"] == own[1], "the exercise cell is the one with check(...)"
+    lesson.cells = [c for c in lesson.cells if 'check("5.1.' not in c.source]
+    assert grading.exercise_cells(lesson, exercises) == {}

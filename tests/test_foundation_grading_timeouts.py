@@ -1,8 +1,10 @@
-"""Grading stops a notebook that never ends, with every process it started, sandbox or not.
+"""Grading stops a notebook that never ends, with every process it started, sandbox or not, and
+leaves none of its files behind.
 
 Apart from the other grading tests so that, run in parallel, they do not wait for each other.
 """
 
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -36,10 +38,11 @@ def _never_ending_notebook(tmp_path, token):
 @pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.skipif(
     not SANDBOXED, reason="bubblewrap is not installed or cannot make a sandbox here"))])
 def test_a_notebook_that_runs_too_long_is_stopped_with_all_it_started(tmp_path, monkeypatch, sandbox):
-    marker = f"COURSE_GRADE_TEST_{uuid.uuid4().hex}"
-    monkeypatch.setattr(grading, "MARKER_ENV", marker)
     token = f"orphan-{uuid.uuid4().hex}"
     path = _never_ending_notebook(tmp_path, token)
+    temp = tmp_path / "temp"  # where grading makes each run's folder, and its kernel its files
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
 
     status, outcomes = grading.grade_one(path, time_limit=6, sandbox=sandbox)
 
@@ -48,8 +51,10 @@ def test_a_notebook_that_runs_too_long_is_stopped_with_all_it_started(tmp_path, 
     left = []
     for p in psutil.process_iter():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and (marker in p.environ() or token in p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and token in p.cmdline():
                 left.append(p)
         except psutil.Error:
             pass
     assert not left, f"processes of the graded notebook are still running: {left}"
+    left = [str(p.relative_to(temp)) for p in temp.rglob("*")]
+    assert not left, f"the timed-out run left files behind: {left}"

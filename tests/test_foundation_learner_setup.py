@@ -45,7 +45,8 @@ def test_make_lab_opens_the_top_of_the_course():
 
 
 def test_make_grade_runs_the_grader_with_the_given_notebooks_and_csv():
-    assert "-m course grade a.ipynb b.ipynb --out grades.csv" in _dry_run("grade", "NB=a.ipynb b.ipynb")
+    # the notebooks after `--`: a file named like an option is a notebook too
+    assert "-m course grade --out grades.csv -- a.ipynb b.ipynb" in _dry_run("grade", "NB=a.ipynb b.ipynb")
     assert "--out marks.csv" in _dry_run("grade", "NB=a.ipynb", "OUT=marks.csv")
 
 

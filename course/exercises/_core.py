@@ -7,6 +7,7 @@ import inspect
 import os
 import pkgutil
 import sys
+import types
 import zlib
 from dataclasses import dataclass, field
 
@@ -44,6 +45,11 @@ class _NotAttempted(Exception):
 # A developer of the course sets this variable to see the traceback of an exception inside a check
 # instead of the one-line failure a learner gets.
 DEBUG_ENV = "COURSE_CHECK_DEBUG"
+
+# Grading sets this to a random number: the checks then draw inputs no earlier run has seen (a
+# table of answers read off the failure messages of earlier runs is no use). None: the same inputs
+# on every run, as a learner expects.
+_FRESH = None
 
 # How many failed attempts at an exercise it takes before its hint gives the full answer.
 ANSWER_AFTER = 3
@@ -131,21 +137,84 @@ def _resolve(path):
     raise LookupError(f"{path} does not exist: fix the `forbid` list of the check")
 
 
+def _from_course(frame):
+    name = frame.f_globals.get("__name__", "")
+    return name == "course" or name.startswith("course.")
+
+
 def _blocked(original, message):
     """A stand-in for `original`: the course's own code still reaches the original (a library function
     the learner may use can call it), any other caller gets `message`."""
 
     @functools.wraps(original)
     def stand_in(*args, **kwargs):
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller == "course" or caller.startswith("course."):
+        if _from_course(sys._getframe(1)):
             return original(*args, **kwargs)
         raise Unavailable(message)
 
+    del stand_in.__wrapped__  # no way back to the original through the stand-in
     stand_in.blocked = True
     if callable(getattr(original, "default", None)):  # a dispatchable operation: its NumPy version too
         stand_in.default = _blocked(original.default, message)
     return stand_in
+
+
+_GATES = {}
+
+
+def _gate_code(free):
+    """The code of a function `(*args, __course_gate__, **kwargs)` that hands its arguments to
+    `__course_gate__`, with `free` unused free variables: it can replace the code of any Python
+    function whose closure has that many cells."""
+    if free not in _GATES:
+        names = [f"_free{i}" for i in range(free)]
+        source = (f"def outer({', '.join(names)}):\n"
+                  f"    def gate(*args, __course_gate__=None, **kwargs):\n"
+                  f"        if __course_gate__ is None:\n"
+                  f"            return ({''.join(n + ', ' for n in names)})\n"
+                  f"        return __course_gate__(args, kwargs)\n"
+                  f"    return gate\n")
+        space = {}
+        exec(compile(source, "<course gate>", "exec"), space)
+        _GATES[free] = space["outer"](*range(free)).__code__
+    return _GATES[free]
+
+
+def _gate(function, message, restore):
+    """Block the function object itself, wherever it is reached from (another name, a default
+    argument, a list, a partial, a class attribute, `__wrapped__`): its code is swapped for a gate
+    that lets only the course's own code through, to a copy of the original. `restore` gets what
+    puts it back."""
+    original = function.__code__, function.__defaults__, function.__kwdefaults__
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = function.__qualname__
+
+    def gate(args, kwargs):
+        if _from_course(sys._getframe(2)):  # 0: here, 1: the gate, 2: whoever called the function
+            return copy(*args, **kwargs)
+        raise Unavailable(message)
+
+    function.__code__ = _gate_code(len(function.__closure__ or ()))
+    function.__defaults__, function.__kwdefaults__ = None, {"__course_gate__": gate}
+    restore.append((_put_back, function, original, None))
+
+
+def _put_back(function, original):
+    function.__code__, function.__defaults__, function.__kwdefaults__ = original
+
+
+def _functions_of(obj):
+    """The Python functions that make up `obj`: itself, the functions it wraps, its NumPy version."""
+    found, todo = [], [obj]
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "__func__", f)  # classmethod, staticmethod, bound method
+        if isinstance(f, types.FunctionType) and all(f is not g for g in found):
+            found.append(f)
+            todo += [getattr(f, "__wrapped__", None), getattr(f, "default", None)]
+    return found
 
 
 @contextlib.contextmanager
@@ -153,23 +222,34 @@ def unavailable(*paths, task="", namespaces=()):
     """Inside the block, calling any of `paths` from outside `course` raises Unavailable: "write this
     yourself: the exercise asks you to ... without calling course.optim.warmup_cosine".
 
-    A path names a function (every module of `course` and every dict of `namespaces`, such as the
-    learner's globals, that holds it by another import gets the stand-in too), a class (its
-    `__init__` is blocked) or a method ("course.tensor.Tensor.backward"). Everything is put back on
-    leaving, even after an exception.
+    A path names a function, a class (its `__init__` is blocked) or a method
+    ("course.tensor.Tensor.backward"). A Python function is blocked as an object, under every name
+    and in every place that holds it; anything else (a compiled kernel) is replaced by a stand-in in
+    every module of `course` and every dict of `namespaces`, such as the learner's globals, that
+    holds it. Everything is put back on leaving, even after an exception.
     """
     restore = []  # (setter, target, name, old value or _NOTHING)
     originals = []
+    gated = set()
     try:
         for path in paths:
             obj, owner, name = _resolve(path)
-            if getattr(obj, "blocked", False):  # another name of a function blocked already
-                continue
+            if getattr(obj, "blocked", False) or any(obj is o for o, _ in originals):
+                continue  # another name of something blocked already
             originals.append((obj, path))
             message = (f"write this yourself: the exercise asks you to {task or 'write it'} "
                        f"without calling {path}")
             if inspect.isclass(obj):  # block construction, keep isinstance working
                 owner, name, obj = obj, "__init__", obj.__init__
+            own = owner.__dict__.get(name) if owner is not None else obj
+            # An inherited __init__ is left alone: blocking it would block every class that has it.
+            functions = _functions_of(own) if own is not None else []
+            if functions:
+                for f in functions:
+                    if id(f) not in gated:
+                        gated.add(id(f))
+                        _gate(f, message, restore)
+                continue
             if owner is not None:
                 raw = owner.__dict__.get(name, _NOTHING)
                 if isinstance(raw, (classmethod, staticmethod)):
@@ -196,8 +276,10 @@ def unavailable(*paths, task="", namespaces=()):
                         d[key] = stand_in
         yield tuple(originals)
     finally:
-        for target, name, old in reversed(restore):
-            if isinstance(target, dict):
+        for target, name, old, *rest in reversed(restore):
+            if target is _put_back:
+                _put_back(name, old)
+            elif isinstance(target, dict):
                 target[name] = old
             elif old is _NOTHING:
                 delattr(target, name)
@@ -323,7 +405,8 @@ def check(exercise_id, candidate):
     if entry is None:
         raise KeyError(f"there is no exercise {exercise_id!r}: look at the id in the cell")
     global _last_returned
-    rng = np.random.default_rng(zlib.crc32(exercise_id.encode()))
+    seed = zlib.crc32(exercise_id.encode())
+    rng = np.random.default_rng(seed if _FRESH is None else [_FRESH, seed])
     _last_returned = _NOTHING
     try:
         namespaces = [getattr(inspect.unwrap(candidate), "__globals__", None)]

@@ -126,7 +126,7 @@ def _(candidate, rng):
         on = f"L(x) = tanh(2x - 1)**2 at x={x:.3g}"
         got = call(candidate, x, on=on)
         # float32 work is right too: 1 - tanh**2 loses digits where tanh is near +-1, up to about 6e-7 in
-        # all (a relative error of 4e-4 at x = -2), far below any mistake
+        # all, far below any mistake (inputs differ when grading)
         expect_close(got, 4 * t * (1 - t * t), on=on, rtol=1e-5, atol=1e-6, what="dL/dx")
 
 
@@ -267,7 +267,8 @@ def _(candidate, rng):
           answer_hint="sum((s.data > 0) == (y > 0) for s, y in zip(scores, labels)) / len(labels)")
 def _(candidate, rng):
     Value = _value()
-    cases = [([Value(2.0), Value(-0.5), Value(0.3), Value(-1.0)], [1, -1, -1, 1])]
+    # a fixed case where counting positive scores is not the accuracy: random ones may not tell them apart
+    cases = [([Value(2.0), Value(-0.5), Value(0.3), Value(-1.0)], [1, -1, 1, 1])]
     cases += [([Value(0.0), Value(1.0), Value(-2.0)], [-1, 1, -1])]  # a score of 0 is not positive
     cases += [_scores_and_labels(rng, n) for n in (1, 7, 20)]
     for scores, labels in cases:
