@@ -311,14 +311,16 @@ def test_review_notes_flag_every_way_in_that_has_been_tried(attack):
 
 
 def test_only_the_exercise_cells_own_functions_are_graded():
-    """Lesson 5.1 writes its own `ssm_kernel` in the text, before the exercise asks for one: with the
-    exercise cells deleted, that one must not be graded as the learner's answer."""
+    """Lesson 5.1 writes its own `ssm_kernel` in the text. A submission that deletes the exercise
+    cells and binds the exercise's name to the lesson's function elsewhere must not have that graded
+    as its answer: only a function the exercise cell itself defines is graded."""
     lesson = nbformat.read(str(ROOT / "notebooks" / "5-mamba" / "5.1-state-space-models.ipynb"), as_version=4)
     exercises = grading.exercise_calls(lesson)
-    assert ("5.1.3", "ssm_kernel") in exercises
+    assert ("5.1.3", "ssm_kernel_dense") in exercises
     cells = grading.exercise_cells(lesson, exercises)
     assert sorted(cells) == [i for i, _ in exercises]
-    own = [n for n, c in enumerate(grading._code_cells(lesson)) if c.source.startswith("def ssm_kernel")]
-    assert len(own) == 2 and cells["5.1.3"] == own[1], "the exercise cell is the one with check(...)"
+    own = [n for n, c in enumerate(grading._code_cells(lesson)) if c.source.startswith("def ssm_kernel_dense")]
+    assert len(own) == 1 and cells["5.1.3"] == own[0], "the exercise cell is the one with check(...)"
     lesson.cells = [c for c in lesson.cells if 'check("5.1.' not in c.source]
+    lesson.cells.append(nbformat.v4.new_code_cell("ssm_kernel_dense = ssm_kernel"))
     assert grading.exercise_cells(lesson, exercises) == {}
