@@ -305,17 +305,16 @@ def _dot(A, i, BT, j):
 
 
 @njit(cache=True, fastmath=True)
-def _matmul_rows_4(A, BT, C, i):
-    """Rows i .. i+3 of C = A BT^T (fewer at the bottom edge), in 4 x 4 tiles."""
+def _matmul_rows_4(A, BT, C, i, j0, j1):
+    """C[i:i+4, j0:j1] of C = A BT^T (fewer rows at the bottom edge), in 4 x 4 tiles."""
     M, K = A.shape
-    N = BT.shape[0]
     if i + 4 > M:  # the last rows, when M is not a multiple of 4: one dot product each
         for r in range(i, M):
-            for j in range(N):
+            for j in range(j0, j1):
                 C[r, j] = _dot(A, r, BT, j)
         return
-    j = 0
-    while j + 4 <= N:
+    j = j0
+    while j + 4 <= j1:
         # 16 dot products at once. fastmath lets the compiler reorder each sum, so the loop over
         # k runs on vector registers: 16 accumulators, 8 loads per 16 multiply-adds.
         s00 = s01 = s02 = s03 = A.dtype.type(0)
@@ -346,22 +345,21 @@ def _matmul_rows_4(A, BT, C, i):
         C[i + 2, j], C[i + 2, j + 1], C[i + 2, j + 2], C[i + 2, j + 3] = s20, s21, s22, s23
         C[i + 3, j], C[i + 3, j + 1], C[i + 3, j + 2], C[i + 3, j + 3] = s30, s31, s32, s33
         j += 4
-    for jj in range(j, N):  # the last columns, when N is not a multiple of 4
+    for jj in range(j, j1):  # the last columns, when the panel's width is not a multiple of 4
         for r in range(i, i + 4):
             C[r, jj] = _dot(A, r, BT, jj)
 
 
 @njit(cache=True, fastmath=True)
-def _matmul_rows_2(A, BT, C, i):
-    """Rows i and i+1 of C = A BT^T (one at the bottom edge), in 2 x 4 tiles: for 16 registers."""
+def _matmul_rows_2(A, BT, C, i, j0, j1):
+    """C[i:i+2, j0:j1] of C = A BT^T (one row at the bottom edge), in 2 x 4 tiles: for 16 registers."""
     M, K = A.shape
-    N = BT.shape[0]
     if i + 2 > M:
-        for j in range(N):
+        for j in range(j0, j1):
             C[i, j] = _dot(A, i, BT, j)
         return
-    j = 0
-    while j + 4 <= N:
+    j = j0
+    while j + 4 <= j1:
         # 8 dot products at once: 8 accumulators and 6 loads per 8 multiply-adds, 14 registers.
         s00 = s01 = s02 = s03 = A.dtype.type(0)
         s10 = s11 = s12 = s13 = A.dtype.type(0)
@@ -379,35 +377,52 @@ def _matmul_rows_2(A, BT, C, i):
         C[i, j], C[i, j + 1], C[i, j + 2], C[i, j + 3] = s00, s01, s02, s03
         C[i + 1, j], C[i + 1, j + 1], C[i + 1, j + 2], C[i + 1, j + 3] = s10, s11, s12, s13
         j += 4
-    for jj in range(j, N):
+    for jj in range(j, j1):
         for r in range(i, i + 2):
             C[r, jj] = _dot(A, r, BT, jj)
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _matmul_rows(A, BT, C, block):
-    """Row block `block` of C, with this machine's register tile (TILE_ROWS is a constant to Numba:
-    the branch not taken is not compiled)."""
+def _matmul_rows(A, BT, C, block, j0, j1):
+    """Row block `block` of C, columns j0:j1, with this machine's register tile (TILE_ROWS is a
+    constant to Numba: the branch not taken is not compiled)."""
     if TILE_ROWS == 4:
-        _matmul_rows_4(A, BT, C, 4 * block)
+        _matmul_rows_4(A, BT, C, 4 * block, j0, j1)
     else:
-        _matmul_rows_2(A, BT, C, 2 * block)
+        _matmul_rows_2(A, BT, C, 2 * block, j0, j1)
+
+
+# Cache blocking. Without it, every row block of A reads the whole of B^T: at 2048 x 2048 that is
+# 16 MB, more than the caches hold, read again from memory for each of the 512 (or 1024) row
+# blocks. So C is computed in column panels: `nc` rows of B^T, which fit in half of the core's
+# L2 cache, are read by every row block of A before the next panel, and come from L2 each time.
+L2_BYTES = 512 * 1024  # the smallest L2 of current x86 cores (AMD Zen 2/3); larger ones only gain
+
+
+def _panel_width(k, itemsize):
+    """Rows of B^T (columns of C) per panel: as many as fill half of L2, in whole register tiles."""
+    return max(4, (L2_BYTES // 2) // max(k * itemsize, 1) // 4 * 4)
 
 
 @njit(cache=True, parallel=True)
-def _matmul_bt(A, BT, C):
-    """C = A @ BT.T with A (m, k) and BT (n, k), both C-contiguous: blocks of rows in parallel."""
-    for block in prange((A.shape[0] + TILE_ROWS - 1) // TILE_ROWS):
-        _matmul_rows(A, BT, C, block)
+def _matmul_bt(A, BT, C, nc):
+    """C = A @ BT.T with A (m, k) and BT (n, k), both C-contiguous: panel by panel of nc columns,
+    the row blocks of each panel in parallel."""
+    N = BT.shape[0]
+    for j0 in range(0, N, nc):
+        for block in prange((A.shape[0] + TILE_ROWS - 1) // TILE_ROWS):
+            _matmul_rows(A, BT, C, block, j0, min(N, j0 + nc))
 
 
 @njit(cache=True, parallel=True)
-def _matmul_bt_batched(A, BT, C):
+def _matmul_bt_batched(A, BT, C, nc):
     """The same for a batch: A (b, m, k), BT (b, n, k), C (b, m, n); (batch, row block) in parallel."""
+    N = BT.shape[1]
     blocks = (A.shape[1] + TILE_ROWS - 1) // TILE_ROWS
-    for job in prange(A.shape[0] * blocks):
-        b, block = job // blocks, job % blocks
-        _matmul_rows(A[b], BT[b], C[b], block)
+    for j0 in range(0, N, nc):
+        for job in prange(A.shape[0] * blocks):
+            b, block = job // blocks, job % blocks
+            _matmul_rows(A[b], BT[b], C[b], block, j0, min(N, j0 + nc))
 
 
 def matmul_bt(a, bt):
@@ -423,10 +438,11 @@ def matmul_bt(a, bt):
     if a.shape[-1] == 0:
         out[...] = 0
     elif a.ndim == 2:
-        _run(_matmul_bt, out.size * a.shape[-1], a, bt, out)
+        _run(_matmul_bt, out.size * a.shape[-1], a, bt, out, _panel_width(a.shape[-1], a.itemsize))
     else:
         m, k, n = a.shape[-2], a.shape[-1], bt.shape[-2]
-        _run(_matmul_bt_batched, out.size * k, a.reshape(-1, m, k), bt.reshape(-1, n, k), out.reshape(-1, m, n))
+        _run(_matmul_bt_batched, out.size * k, a.reshape(-1, m, k), bt.reshape(-1, n, k), out.reshape(-1, m, n),
+             _panel_width(k, a.itemsize))
     count("cpu.matmul")
     return out
 
