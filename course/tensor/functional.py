@@ -48,27 +48,24 @@ def gelu(x):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     _need_tensor(x, "gelu")
     d = x.data
-    # In-place steps (out=...) on these large arrays spare a fresh allocation per operation; the
-    # forward keeps only t for the backward, which recomputes x^2 (cheaper than storing it).
-    t = np.multiply(d, d, out=np.empty_like(d))  # x^2 (an array even for a 0-d x, for out= below);
-    # not d ** 3 below: pow is ~50x slower on negative floats
-    t *= 0.044715 * _GELU_C
-    t += _GELU_C
-    t *= d  # c (x + 0.044715 x^3)
-    np.tanh(t, out=t)
+    d2 = d * d  # not d ** 3 below: pow is ~50x slower on negative floats
+    # In-place steps (out=...) on these large arrays spare a fresh allocation per operation.
+    t = d2 * 0.044715
+    t += 1
+    t *= d
+    t *= _GELU_C
+    t = np.tanh(t)  # tanh(c (x + 0.044715 x^3))
     y = t + 1
     y *= d
-    y *= 0.5  # 0.5 x (1 + t)
+    y *= 0.5
 
     def backward(g):
         # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
-        slope = d * d
-        slope *= 3 * 0.044715 * _GELU_C
+        slope = d2 * (3 * 0.044715 * _GELU_C)
         slope += _GELU_C
-        slope *= d  # x c (1 + 3 * 0.044715 x^2)
+        slope *= d
         slope *= 1 - t * t
-        slope += t
-        slope += 1
+        slope += 1 + t
         slope *= 0.5
         slope *= g
         return slope
@@ -366,9 +363,8 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, training=T
                 dp *= keep
             # Softmax backward, row by row: dS = P * (dP - sum(dP * P)). Masked entries have
             # P = 0, so they get no gradient without looking at the mask again.
-            # The row sums of dP * P as dot products: no (T, T) temporary.
             ds = dp
-            ds -= np.einsum("...ij,...ij->...i", dp, att)[..., None]
+            ds -= (dp * att).sum(axis=-1, keepdims=True)
             ds *= att
             ds *= scale
             if q.requires_grad:  # S = q k^T * scale  ->  dq = dS k,  dk = dS^T q
