@@ -54,6 +54,20 @@ def test_the_register_tile_fits_the_vector_registers():
     assert cpu.TILE_ROWS == (4 if cpu._vector_registers() == 32 else 2)
 
 
+@pytest.mark.parametrize("k,itemsize", [(64, 4), (512, 4), (3000, 4), (3000, 8), (10 ** 6, 8)])
+def test_a_panel_of_b_fits_in_half_of_l2_in_whole_tiles(k, itemsize):
+    nc = cpu._panel_width(k, itemsize)
+    assert nc % 4 == 0 and nc >= 4
+    assert nc * k * itemsize <= cpu.L2_BYTES // 2 or nc == 4
+
+
+def test_matmul_across_several_column_panels(rng):
+    # k = 3000 in float64 gives panels of 8 columns: 70 columns are 8 full panels and one of 6.
+    a, b = arr(rng, 7, 3000), arr(rng, 3000, 70)
+    assert cpu._panel_width(3000, 8) < 70
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, **TOL[np.float64])
+
+
 def test_matmul_takes_a_transposed_view_and_batches(rng):
     a, b = arr(rng, 9, 6), arr(rng, 7, 6)
     np.testing.assert_allclose(cpu.matmul(a, b.T), a @ b.T, rtol=1e-12)

@@ -22,7 +22,8 @@ tile, and the running sums stay in vector registers. How many fit depends on the
 AVX-512 there are 32 vector registers, enough for a 4 x 4 tile (16 sums + 8 loaded vectors);
 with AVX2 there are 16, and a 4 x 4 tile spills sums to memory on every step of the loop, so the
 tile is 2 x 4 there (8 sums + 6 loaded vectors). `TILE_ROWS` holds the choice for this machine.
-B^T is made once, up front (a transposed view such as `b.T` already is one).
+For (2), C is computed in column panels whose rows of B^T fit in the core's L2 cache (see
+`_panel_width`). B^T is made once, up front (a transposed view such as `b.T` already is one).
 """
 
 import os
