@@ -13,8 +13,6 @@ Rows (each engine in a process of its own, see benchmarks/harness.py):
     python -m benchmarks kernels matmul
 """
 
-import time
-
 import numpy as np
 
 from .harness import Row, Skip
@@ -84,12 +82,6 @@ def mamba_kernels(threads):
 
 def mamba_numpy(threads):
     return _mamba(threads, False)
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 # ----- on a GPU only --------------------------------------------------------------------------------------
