@@ -84,7 +84,8 @@ def run_row(module, row, threads, quick=False):
               "course_label": row.course_label, "reference_label": row.reference_label, "note": row.note}
     extra = ["--warmup", "1", "--steps", "2"] if quick else []
     for engine in ("course", "reference"):
-        out = _child([module, row.key, engine, "--threads", str(threads), *extra])
+        # The row's thread count goes into the child's environment before it imports anything.
+        out = _child([module, row.key, engine, "--threads", str(row.threads or threads), *extra])
         if "error" in out:
             result[engine] = {"error": out["error"]}
         elif "skipped" in out:

@@ -55,7 +55,11 @@ def main(argv=None):
         p.error(f"{args.module} has no row {args.row!r}; its rows are {', '.join(rows)}")
     row = rows[args.row]
     threads = row.threads or args.threads
-    set_threads(threads)
+    # `python -m benchmarks` passes the row's own count, so the environment had it before NumPy
+    # started; run by hand with another count, the pools are cut down here (threadpoolctl).
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(threads)
     try:
         import numba
 
@@ -72,7 +76,9 @@ def main(argv=None):
     steps = row.reference_steps if args.engine == "reference" and row.reference_steps else row.steps
     steps = steps if args.steps is None else args.steps
     times, check = _time_steps(step, max(warmup, 1), steps)
-    print(json.dumps({"times": times, "check": check, "threads": threads, "label": getattr(step, "label", None)}))
+    blas = sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+    print(json.dumps({"times": times, "check": check, "threads": threads, "blas_threads": blas,
+                      "label": getattr(step, "label", None)}))
     return 0
 
 

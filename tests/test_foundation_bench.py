@@ -76,6 +76,7 @@ def test_the_child_reports_threads_and_a_skip_as_json():
 
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["threads"] == 1  # the row fixes one thread, whatever the run asks for
+    assert result["blas_threads"] in ([1], [])  # and NumPy's BLAS runs one ([]: no BLAS pool found)
     assert len(result["times"]) == 2 and result["check"] > 0
 
 
