@@ -322,9 +322,13 @@ def _matmul_rows_4(A, BT, C, i, j0, j1):
         s10 = s11 = s12 = s13 = A.dtype.type(0)
         s20 = s21 = s22 = s23 = A.dtype.type(0)
         s30 = s31 = s32 = s33 = A.dtype.type(0)
+        # One 1-D view per row: each is a base address and a unit stride, so the loop needs one
+        # register per row and a counter, not a row-times-stride sum per load.
+        r0, r1, r2, r3 = A[i], A[i + 1], A[i + 2], A[i + 3]
+        c0, c1, c2, c3 = BT[j], BT[j + 1], BT[j + 2], BT[j + 3]
         for k in range(K):
-            a0, a1, a2, a3 = A[i, k], A[i + 1, k], A[i + 2, k], A[i + 3, k]
-            b0, b1, b2, b3 = BT[j, k], BT[j + 1, k], BT[j + 2, k], BT[j + 3, k]
+            a0, a1, a2, a3 = r0[k], r1[k], r2[k], r3[k]
+            b0, b1, b2, b3 = c0[k], c1[k], c2[k], c3[k]
             s00 += a0 * b0
             s01 += a0 * b1
             s02 += a0 * b2
@@ -364,9 +368,11 @@ def _matmul_rows_2(A, BT, C, i, j0, j1):
         # 8 dot products at once: 8 accumulators and 6 loads per 8 multiply-adds, 14 registers.
         s00 = s01 = s02 = s03 = A.dtype.type(0)
         s10 = s11 = s12 = s13 = A.dtype.type(0)
+        r0, r1 = A[i], A[i + 1]
+        c0, c1, c2, c3 = BT[j], BT[j + 1], BT[j + 2], BT[j + 3]
         for k in range(K):
-            a0, a1 = A[i, k], A[i + 1, k]
-            b0, b1, b2, b3 = BT[j, k], BT[j + 1, k], BT[j + 2, k], BT[j + 3, k]
+            a0, a1 = r0[k], r1[k]
+            b0, b1, b2, b3 = c0[k], c1[k], c2[k], c3[k]
             s00 += a0 * b0
             s01 += a0 * b1
             s02 += a0 * b2
