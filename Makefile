@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Parts for `make assignment`, a fork for `make colab`, the notebooks for `make notebooks`.
+# Parts for `make assignment`, a fork for `make colab`, the notebooks for `make notebooks`, the
+# rows for `make bench` (words matched against row keys: ROWS="gpt matmul").
 PARTS  ?= 1
+ROWS   ?=
 OUT    ?= assignment
 NB     ?=
 # Tests run on both cores, one process each (so BLAS gets one thread each); every notebook keeps
@@ -48,8 +50,8 @@ grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=gr
 	@test -n "$(NB)" || (echo 'usage: make grade NB="submissions/*.ipynb" [OUT=grades.csv]' && exit 2)
 	$(BIN)/python -m course grade --out $(OUT) -- $(NB)
 
-bench: setup ## time the engines against their references and print a table
-	$(BIN)/python -m benchmarks
+bench: setup ## time each engine alone against its reference and print a table (ROWS="gpt matmul")
+	$(BIN)/python -m benchmarks $(ROWS)
 
 doctor: setup ## print versions, whether graphviz, a GPU and NVVM are there, numba-cuda and its bindings
 	$(BIN)/python -m course doctor

@@ -1,47 +1,212 @@
-"""`make bench`: run every benchmarks/bench_*.py in one process and print one table of ratios.
+"""`make bench`: time every row of every registered benchmark module and print one table.
 
-Each module's `run()` returns rows: dicts with `name`, `course_s` (seconds, best of several
-repetitions), and, where there is a reference to compare with, `reference`, `reference_s` and
-`ratio` (course time / reference time: below 1 means the course is faster). A row may carry a
-`note` (for example why its reference was skipped).
+    python -m benchmarks                     # every row, 2 threads per engine
+    python -m benchmarks gpt matmul          # rows whose key or module contains "gpt" or "matmul"
+    python -m benchmarks --markdown          # the table as Markdown, header included, for README.md
+    python -m benchmarks --list              # the rows, without running them
+    python -m benchmarks --quick             # 1 warm-up + 2 steps per engine: checks that all runs
+
+Each engine of each row runs alone in a child process (benchmarks/run_one.py, see
+benchmarks/harness.py for why), with its thread count set before any library starts. The table
+gives each engine's median time over its steps with the spread (min-max), and the ratio of the
+medians: course / reference, below 1 the course is faster. The header names the CPU, its vector
+instructions and the versions, so a table can be compared with one from the same machine.
+
+A module registers its rows with one line in MODULES. A module with `run()` instead of `ROWS`
+(rows it times itself, in one process) still works: its rows are printed with a note.
 """
 
+import argparse
 import importlib
-import pkgutil
-import platform
+import json
+import os
+import subprocess
 import sys
-from pathlib import Path
+import time
+
+from .harness import describe, machine, summary
+
+# The benchmark modules, in the table's order: one line each.
+MODULES = [
+    "bench_mlp",
+    "bench_gpt",
+    "bench_mamba",
+    "bench_kernels",
+    "bench_gpt2",
+]
 
 
 def fmt_seconds(s):
     if s is None:
         return "-"
-    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.2f} s"
 
 
-def main(selected=()):
-    import numpy as np
+def _spread(t):
+    return f"{fmt_seconds(t['min'])}-{fmt_seconds(t['max'])}"
 
-    here = Path(__file__).parent
-    names = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
-    if selected:
-        names = [n for n in names if any(s in n for s in selected)]
-    rows = []
-    for name in names:
+
+def _child(args, timeout=600):
+    cmd = [sys.executable, "-m", "benchmarks.run_one", *args]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": err}
+    return json.loads(lines[-1])
+
+
+def select(rows_wanted):
+    """(module name, Row or None) for every row selected by the words in rows_wanted."""
+    chosen = []
+    for name in MODULES:
         module = importlib.import_module(f"benchmarks.{name}")
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        rows += module.run()
-    print(f"machine: {platform.machine()}, {platform.processor() or platform.system()}; "
-          f"python {platform.python_version()}, numpy {np.__version__}")
-    header = f"{'benchmark':<48} {'course':>11} {'reference':>26} {'ratio':>7}  note"
+        rows = getattr(module, "ROWS", None)
+        if rows is None:  # a module that times its rows itself
+            if not rows_wanted or any(w in name for w in rows_wanted):
+                chosen.append((name, None))
+            continue
+        for row in rows:
+            if not rows_wanted or any(w in row.key or w in name for w in rows_wanted):
+                chosen.append((name, row))
+    return chosen
+
+
+def run_row(module, row, threads, quick=False):
+    """Both engines of a row, each in its own process; returns a result dict for the table."""
+    result = {"key": row.key, "name": row.name, "module": module, "threads": row.threads or threads,
+              "course_label": row.course_label, "reference_label": row.reference_label, "note": row.note}
+    extra = ["--warmup", "1", "--steps", "2"] if quick else []
+    for engine in ("course", "reference"):
+        # The row's thread count goes into the child's environment before it imports anything.
+        out = _child([module, row.key, engine, "--threads", str(row.threads or threads), *extra])
+        if "error" in out:
+            result[engine] = {"error": out["error"]}
+        elif "skipped" in out:
+            result[engine] = {"skipped": out["skipped"]}
+        else:
+            result[engine] = {**summary(out["times"]), "check": out["check"]}
+            if out.get("label"):
+                result[f"{engine}_label"] = out["label"]
+    c, r = result["course"], result["reference"]
+    if "median" in c and "median" in r:
+        result["ratio"] = c["median"] / r["median"]
+        if row.same is not None and c["check"] is not None and r["check"] is not None:
+            agree = abs(c["check"] - r["check"]) <= row.same * max(abs(r["check"]), 1e-12)
+            result["same"] = agree
+            if not agree:
+                result["note"] = f"RESULTS DIFFER: {c['check']:.6g} vs {r['check']:.6g}; " + result["note"]
+    return result
+
+
+def run_legacy(module, threads):
+    out = _child([module, "--legacy", "--threads", str(threads)])
+    if "error" in out:
+        return [{"name": module, "note": f"failed: {out['error']}"}]
+    results = []
+    for r in out["rows"]:
+        res = {"key": module, "name": r["name"], "module": module, "threads": threads,
+               "course_label": "course", "reference_label": r.get("reference", ""),
+               "note": "; ".join(x for x in (r.get("note", ""), "both timed in one process") if x)}
+        if r.get("course_s") is not None:
+            res["course"] = {"median": r["course_s"], "min": r["course_s"], "max": r["course_s"]}
+        if r.get("reference_s") is not None:
+            res["reference"] = {"median": r["reference_s"], "min": r["reference_s"], "max": r["reference_s"]}
+        if r.get("ratio") is not None:
+            res["ratio"] = r["ratio"]
+        results.append(res)
+    return results
+
+
+def _cell(result, engine):
+    t = result.get(engine)
+    if not t:
+        return "-"
+    if "error" in t:
+        return "failed"
+    if "skipped" in t:
+        return "skipped"
+    return f"{fmt_seconds(t['median'])} ({_spread(t)})" if t["min"] != t["max"] else fmt_seconds(t["median"])
+
+
+def _notes(result):
+    notes = [result.get("note", "")]
+    for engine in ("course", "reference"):
+        t = result.get(engine) or {}
+        if "error" in t:
+            notes.append(f"{engine} failed: {t['error']}")
+        if "skipped" in t and t["skipped"] not in notes:  # once, where both engines skip for one reason
+            notes.append(t["skipped"])
+    return "; ".join(n for n in notes if n)
+
+
+def print_text(results, info):
+    for line in describe(info):
+        print(line)
+    # One block per row: the name on its own line, then the figures in columns.
+    header = f"  {'row':<14} {'thr':>3}  {'course: median (min-max)':<30} {'reference: median (min-max)':<50} {'ratio':>7}"
     print(header)
     print("-" * len(header))
-    for r in rows:
-        ref = f"{r.get('reference', '')} {fmt_seconds(r.get('reference_s'))}" if r.get("reference") else "-"
+    for r in results:
+        ref = f"{r['reference_label']} {_cell(r, 'reference')}" if r.get("reference") else "-"
         ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "-"
-        print(f"{r['name']:<48} {fmt_seconds(r.get('course_s')):>11} {ref:>26} {ratio:>7}  {r.get('note', '')}")
-    return rows
+        print(r["name"])
+        print(f"  {r['key']:<14} {r['threads']:>3}  {_cell(r, 'course'):<30} {ref:<50} {ratio:>7}")
+        if _notes(r):
+            print(f"  {'':<14} {'':>3}  {_notes(r)}")
+
+
+def print_markdown(results, info):
+    line1, line2 = describe(info)
+    print(f"Measured by `make bench` ({time.strftime('%Y-%m-%d')}) on {line1}")
+    print(f"{line2}. Times: median of each engine's steps, (min-max) after it; ratio: course / reference.")
+    print()
+    print("| benchmark | threads | course | reference | ratio | note |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        ref = f"{r['reference_label']} {_cell(r, 'reference')}" if r.get("reference") else "-"
+        ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "-"
+        print(f"| {r['name']} | {r['threads']} | {_cell(r, 'course')} | {ref} | {ratio} | {_notes(r)} |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    p.add_argument("rows", nargs="*", help="run only rows whose key or module contains one of these words")
+    p.add_argument("--threads", type=int, default=2, help="threads per engine (rows may fix their own)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for README.md)")
+    p.add_argument("--json", metavar="FILE", help="also write every measurement to FILE")
+    p.add_argument("--list", action="store_true", help="list the rows and exit")
+    p.add_argument("--quick", action="store_true", help="1 warm-up and 2 steps per engine (a smoke test)")
+    args = p.parse_args(argv)
+    rows = [w for word in args.rows for w in word.replace(",", " ").split()]
+    chosen = select(rows)
+    if args.list:
+        for module, row in chosen:
+            print(f"{row.key if row else '-':<16} {module:<14} {row.name if row else '(times itself)'}")
+        return []
+    if not chosen:
+        p.error(f"no row matches {' '.join(rows)}; see --list")
+    info = machine(args.threads)
+    results = []
+    for module, row in chosen:
+        print(f"running {module} {row.key if row else ''} ...", file=sys.stderr, flush=True)
+        if row is None:
+            results += run_legacy(module, args.threads)
+        else:
+            results.append(run_row(module, row, args.threads, quick=args.quick))
+    (print_markdown if args.markdown else print_text)(results, info)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": info, "results": results}, f, indent=1)
+    return results
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -2,12 +2,10 @@
 
 The model is 2-16-16-1 with ReLU on 64 points of the two moons, a mean squared error and an SGD
 update: forward, backward and update are all timed. The tensor engine starts from micrograd's
-own weights, so both do the same arithmetic. Best of several repetitions.
+own weights, so both do the same arithmetic (their first losses agree).
 
-    python -m benchmarks.bench_mlp
+    python -m benchmarks mlp
 """
-
-import time
 
 import numpy as np
 
@@ -15,19 +13,11 @@ from course.data import make_moons
 from course.micrograd import MLP
 from course.tensor import Tensor
 
+from .harness import Row
+
 SIZES = [16, 16, 1]
 N_POINTS = 64
 LR = 0.05
-
-
-def _best_of(fn, repeat):
-    fn()  # warm up
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _micrograd_step(mlp, X, t):
@@ -64,38 +54,26 @@ def _tensor_step(params, X, t):
     return loss.item()
 
 
-def run(repeat=5):
+def _setup():
     X, y = make_moons(N_POINTS, noise=0.1, seed=0)
-    targets = 2.0 * y - 1
-    X_list, t_list = X.tolist(), targets.tolist()
-    mlp = MLP(2, SIZES, seed=0)
-    params = _tensor_params(mlp)
-    # The same model computes the same loss in both engines (checked once, before timing).
-    first_tensor = _tensor_step(params, Tensor(X), Tensor(targets))
-    first_micro = _micrograd_step(mlp, X_list, t_list)
-    assert abs(first_tensor - first_micro) < 1e-9, (first_tensor, first_micro)
+    return X, 2.0 * y - 1, MLP(2, SIZES, seed=0)
 
+
+def tensor_step(threads):
+    X, targets, mlp = _setup()
+    params = _tensor_params(mlp)  # the tensor engine starts from micrograd's own weights
     Xt, tt = Tensor(X), Tensor(targets)
-    micro_s = _best_of(lambda: _micrograd_step(mlp, X_list, t_list), repeat)
-    tensor_s = _best_of(lambda: _tensor_step(params, Xt, tt), repeat * 20)
-    return [{
-        "name": f"MLP 2-{'-'.join(map(str, SIZES))} train step, {N_POINTS} points",
-        "course_s": tensor_s,
-        "reference": "course.micrograd",
-        "reference_s": micro_s,
-        "ratio": tensor_s / micro_s,
-        "note": f"course.tensor is {micro_s / tensor_s:.0f}x faster than the scalar engine",
-    }]
+    return lambda: _tensor_step(params, Xt, tt)
 
 
-def main():
-    rows = run()
-    print(f"{'benchmark':<42} {'course.tensor':>14} {'reference':>28} {'ratio':>8}")
-    for r in rows:
-        ref = f"{r['reference']} {r['reference_s'] * 1e3:.2f} ms"
-        print(f"{r['name']:<42} {r['course_s'] * 1e3:11.3f} ms {ref:>28} {r['ratio']:8.5f}  {r['note']}")
-    return rows
+def micrograd_step(threads):
+    X, targets, mlp = _setup()
+    X_list, t_list = X.tolist(), targets.tolist()
+    return lambda: _micrograd_step(mlp, X_list, t_list)
 
 
-if __name__ == "__main__":
-    main()
+# Both first steps compute the same loss from the same weights (checked by `same`).
+ROWS = [Row("mlp", f"MLP 2-{'-'.join(map(str, SIZES))} training step on `course.tensor`, {N_POINTS} points",
+            "tensor_step", "micrograd_step", reference_label="course.micrograd", steps=200, warmup=2,
+            reference_steps=5, same=1e-9, threads=1, note="one thread: the scalar engine has no use for more"),
+]

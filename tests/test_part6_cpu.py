@@ -31,12 +31,41 @@ def test_vector_add_reduce_sum_reduce_rows_add_row(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (13, 9, 10), (4, 0, 2), (8, 16, 12)])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (13, 9, 10), (4, 0, 2), (8, 16, 12), (3, 5, 1),
+                                   (2, 33, 5), (6, 17, 7), (67, 131, 65), (1, 40, 9)])
 def test_matmul_on_awkward_shapes(rng, dtype, m, k, n):
     a, b = arr(rng, m, k, dtype=dtype), arr(rng, k, n, dtype=dtype)
     got = cpu.matmul(a, b)
     assert got.shape == (m, n) and got.dtype == dtype
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, **TOL[dtype])
+
+
+def test_matmul_takes_strided_views(rng):
+    # Every row block of the register tile (2 or 4 rows, by the CPU), with edges left over, on
+    # inputs that are not contiguous: a column slice, a reversed view, every other row.
+    big_a, big_b = arr(rng, 30, 41, dtype=np.float32), arr(rng, 41, 23, dtype=np.float32)
+    for a, b in ((big_a[:, 3:36], big_b[3:36]), (big_a[::-1, ::2], big_b[::2, ::-1]), (big_a[::2], big_b)):
+        expected = a.astype(np.float64) @ b
+        np.testing.assert_allclose(cpu.matmul(a, b), expected, **TOL[np.float32])
+        np.testing.assert_allclose(cpu.matmul_bt(a, np.asfortranarray(b).T), expected, **TOL[np.float32])
+
+
+def test_the_register_tile_fits_the_vector_registers():
+    assert cpu.TILE_ROWS == (4 if cpu._vector_registers() == 32 else 2)
+
+
+@pytest.mark.parametrize("k,itemsize", [(64, 4), (512, 4), (3000, 4), (3000, 8), (10 ** 6, 8)])
+def test_a_panel_of_b_fits_in_half_of_l2_in_whole_tiles(k, itemsize):
+    nc = cpu._panel_width(k, itemsize)
+    assert nc % 4 == 0 and nc >= 4
+    assert nc * k * itemsize <= cpu.L2_BYTES // 2 or nc == 4
+
+
+def test_matmul_across_several_column_panels(rng):
+    # k = 3000 in float64 gives panels of 8 columns: 70 columns are 8 full panels and one of 6.
+    a, b = arr(rng, 7, 3000), arr(rng, 3000, 70)
+    assert cpu._panel_width(3000, 8) < 70
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, **TOL[np.float64])
 
 
 def test_matmul_takes_a_transposed_view_and_batches(rng):
