@@ -1011,11 +1011,27 @@ def total_by_warps_guarded_shuffle(x, total):
 
 
 T32, ROWS = 32, 8
+PADDED = T32 + 1
 
 
 @cuda.jit
 def transpose_tiles(x, out):
-    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tile = cuda.shared.array((T32, PADDED), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
+        if row < x.shape[0] and col < x.shape[1]:
+            tile[r, tx] = x[row, col]
+    cuda.syncthreads()
+    for r in range(ty, T32, ROWS):
+        row, col = cuda.blockIdx.x * T32 + r, cuda.blockIdx.y * T32 + tx
+        if row < out.shape[0] and col < out.shape[1]:
+            out[row, col] = tile[tx, r]
+
+
+@cuda.jit
+def transpose_tiles_padded_inside(x, out):
+    tile = cuda.shared.array((T32, T32 + 1), float32)  # an expression: not a constant to numba
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     for r in range(ty, T32, ROWS):
         row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
@@ -1054,7 +1070,7 @@ def transpose_without_tile(x, out):
 
 @cuda.jit
 def transpose_tiles_no_barrier(x, out):
-    tile = cuda.shared.array((T32, T32 + 1), float32)
+    tile = cuda.shared.array((T32, PADDED), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     for r in range(ty, T32, ROWS):
         row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
@@ -1135,6 +1151,7 @@ CASES = [
     ("6.2.4", total_by_warps, total_by_warps_every_lane_adds, "expected total[0] = "),
     ("6.2.4", total_by_warps, total_by_atomics_only, "where one per warp (2) is enough"),
     ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
+    pytest.param("6.3.5", transpose_tiles, transpose_tiles_padded_inside, "must be a constant", marks=NEEDS_PTX),
     ("6.3.5", transpose_tiles, transpose_tiles_unpadded, "bank conflicts on x of shape (40, 33)"),
     ("6.3.5", transpose_tiles, transpose_without_tile, "transactions of 32 bytes where"),
     ("6.3.5", transpose_tiles, transpose_tiles_no_barrier, "a missing barrier"),

@@ -679,12 +679,13 @@ def _(candidate, rng):
 
 
 T32, ROWS = 32, 8  # 6.3.5: 32 x 32 tiles, blocks of 32 x 8 threads
+T33 = T32 + 1  # the padded tile's width: a shared array's shape must be constants, not an expression
 
 
 def _transpose_reference(x, out):
     """The transpose of lesson 6.3 through a padded tile, with guards for any shape: the figures a
     learner's kernel is held to."""
-    tile = cuda.shared.array((T32, T32 + 1), np.float32)
+    tile = cuda.shared.array((T32, T33), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     for r in range(ty, T32, ROWS):
         row, col = cuda.blockIdx.y * T32 + r, cuda.blockIdx.x * T32 + tx
