@@ -120,7 +120,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        # F.linear_gelu is gelu(c_fc(x)); as one call, part 6 can fuse the bias and the GELU.
+        return self.dropout(self.c_proj(F.linear_gelu(x, self.c_fc.weight, self.c_fc.bias)))
 
 
 class Block(nn.Module):
@@ -139,8 +140,10 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
-        return x + self.mlp(self.ln_2(x))
+        # x + attn(...) and ln_2 of it, as one call (part 6 fuses the two into one pass).
+        ln_2 = self.ln_2
+        x, h = F.add_layer_norm(x, self.attn(self.ln_1(x), cache, layer), ln_2.weight, ln_2.bias, ln_2.eps)
+        return x + self.mlp(h)
 
 
 class Transformer(nn.Module):

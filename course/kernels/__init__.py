@@ -17,7 +17,7 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 """
 
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
-from . import cpu, ops
+from . import cpu, fused, ops
 from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
                      reset_launches)
@@ -28,7 +28,7 @@ from .rows import (layer_norm, layer_norm_backward, layer_norm_kernel, softmax, 
 from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_scan_kernel
 from .trace import TraceReport, trace
 
-__all__ = ["backend", "backend_reason", "cuda", "cpu", "ops", "use_kernels", "DEVICES",
+__all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "ops", "use_kernels", "DEVICES",
            "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
            "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
            "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",
