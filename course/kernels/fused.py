@@ -617,7 +617,7 @@ def optimizer_step(optimizer):
     kind = type(optimizer)
     pack = _packed(optimizer) if kind in (optim.SGD, optim.Adam, optim.AdamW) else None
     if pack is None:
-        return optimizer_step.default(optimizer)
+        return optim.optimizer_step.default(optimizer)
     optimizer.steps += 1
     has = pack.gather_grads()
     states = [optimizer.state.setdefault(id(p), {}) for p in pack.params]
@@ -639,7 +639,7 @@ def optimizer_step(optimizer):
     s = _group_settings(optimizer, ("lr", "betas", "eps", "weight_decay"))
     betas, epss = set(s["betas"]), set(s["eps"])
     if len(betas) != 1 or len(epss) != 1:
-        return optimizer_step.default(optimizer)  # the kernel takes one beta1, beta2 and eps
+        return optim.optimizer_step.default(optimizer)  # the kernel takes one beta1, beta2 and eps
     (beta1, beta2), eps = betas.pop(), epss.pop()
     live = [st if (h or "m" in st) else {} for st, h in zip(states, has)]  # Adam's state starts with a gradient
     m = pack.state_array("m", live, "m")
