@@ -171,7 +171,10 @@ def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv):
     With D_i = sum_d dout[i, d] out[i, d] (the softmax backward's <dP, P> of row i):
         dv_j += p_ij dout_i,   dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - D_i) * scale,
         dq_i += ds_ij k_j,     dk_j += ds_ij q_i.
-    One (batch*head) per parallel iteration, so dk and dv have a single writer.
+    One (batch*head) per parallel iteration, so dk and dv have a single writer. For each tile of
+    keys, the query tiles that see it pass by; dk and dv of the tile are summed in small
+    transposed arrays (each loop then runs along the tile's keys, which the compiler vectorises)
+    and written once at the end.
     """
     n_bh, t_q, d_k = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
@@ -179,51 +182,71 @@ def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv):
     for bh in prange(n_bh):
         kt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
         vt = np.empty((d_v, BLOCK_K), dtype=q.dtype)
-        s = np.empty(BLOCK_K, dtype=q.dtype)
-        dp = np.empty(BLOCK_K, dtype=q.dtype)
+        dkt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
+        dvt = np.empty((d_v, BLOCK_K), dtype=q.dtype)
+        p = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # a tile of probabilities
+        ds = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # and of the scores' gradients
+        delta = np.empty(t_q)
+        for i in range(t_q):
+            acc = 0.0
+            for d in range(d_v):
+                acc += dout[bh, i, d] * out[bh, i, d]
+            delta[i] = acc
         dq[bh] = 0
-        dk[bh] = 0
-        dv[bh] = 0
-        for q0 in range(0, t_q, BLOCK_Q):
-            nq = min(BLOCK_Q, t_q - q0)
-            k_end = min(t_k, offset + q0 + nq) if causal else t_k
-            for k0 in range(0, k_end, BLOCK_K):
-                nk = min(BLOCK_K, k_end - k0)
-                for j in range(nk):
-                    for d in range(d_k):
-                        kt[d, j] = k[bh, k0 + j, d]
-                    for d in range(d_v):
-                        vt[d, j] = v[bh, k0 + j, d]
+        for k0 in range(0, t_k, BLOCK_K):
+            nk = min(BLOCK_K, t_k - k0)
+            for j in range(nk):
+                for d in range(d_k):
+                    kt[d, j] = k[bh, k0 + j, d]
+                for d in range(d_v):
+                    vt[d, j] = v[bh, k0 + j, d]
+            dkt[:, :nk] = 0
+            dvt[:, :nk] = 0
+            # under the causal mask, query rows before position k0 see none of these keys
+            first = max(0, k0 - offset) if causal else 0
+            for q0 in range((first // BLOCK_Q) * BLOCK_Q, t_q, BLOCK_Q):
+                nq = min(BLOCK_Q, t_q - q0)
+                # Row i sees the first n keys of the tile (all of them without the mask): the loops
+                # stop there, so a tile on the diagonal costs half a tile.
                 for i in range(nq):
                     row = q0 + i
                     n = min(nk, offset + row - k0 + 1) if causal else nk
                     if n <= 0:
                         continue
-                    delta = 0.0
-                    for d in range(d_v):
-                        delta += dout[bh, row, d] * out[bh, row, d]
-                    s[:n] = 0
-                    dp[:n] = 0
+                    p[i, :n] = 0  # the scores s_ij, then p_ij
+                    ds[i, :n] = 0  # dP = dout v^T, then ds
                     for d in range(d_k):
                         qd = q[bh, row, d] * scale
                         for j in range(n):
-                            s[j] += qd * kt[d, j]
+                            p[i, j] += qd * kt[d, j]
                     for d in range(d_v):
                         gd = dout[bh, row, d]
                         for j in range(n):
-                            dp[j] += gd * vt[d, j]
-                    m = lse[bh, row]
+                            ds[i, j] += gd * vt[d, j]
+                    m, dl = lse[bh, row], delta[row]
                     for j in range(n):
-                        p = _exp(s[j] - m)
-                        s[j] = p
-                        dp[j] = p * (dp[j] - delta) * scale
-                    for j in range(n):
-                        p, ds = s[j], dp[j]
-                        for d in range(d_v):
-                            dv[bh, k0 + j, d] += p * dout[bh, row, d]
-                        for d in range(d_k):
-                            dq[bh, row, d] += ds * k[bh, k0 + j, d]
-                            dk[bh, k0 + j, d] += ds * q[bh, row, d]
+                        pij = _exp(p[i, j] - m)
+                        p[i, j] = pij
+                        ds[i, j] = pij * (ds[i, j] - dl) * scale
+                    # dv^T += dout^T p,  dk^T += q^T ds,  dq += ds k
+                    for d in range(d_v):
+                        gd = dout[bh, row, d]
+                        for j in range(n):
+                            dvt[d, j] += gd * p[i, j]
+                    for d in range(d_k):
+                        qd = q[bh, row, d]
+                        for j in range(n):
+                            dkt[d, j] += qd * ds[i, j]
+                    for d in range(d_k):
+                        acc = q.dtype.type(0)
+                        for j in range(n):
+                            acc += ds[i, j] * kt[d, j]
+                        dq[bh, row, d] += acc
+            for j in range(nk):
+                for d in range(d_k):
+                    dk[bh, k0 + j, d] = dkt[d, j]
+                for d in range(d_v):
+                    dv[bh, k0 + j, d] = dvt[d, j]
 
 
 def _as3d(a):
