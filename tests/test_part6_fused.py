@@ -284,3 +284,32 @@ def test_mamba_training_on_fused_kernels_equals_the_numpy_path(rng):
     for g_k, g in zip(grads_k, grads):
         for name in g:
             np.testing.assert_allclose(g_k[name], g[name], rtol=1e-8, atol=1e-11, err_msg=name)
+
+
+def test_a_block_with_replaced_modules_keeps_their_forward(rng):
+    from course import nn
+    from course.gpt import GPT, GPTConfig
+
+    class Scaled(nn.LayerNorm):  # not the plain LayerNorm: its own forward must run
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    class Shifted(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1
+
+    config = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    model = GPT(config, seed=0).astype(np.float64)
+    block = model.transformer.h[0]
+    block.ln_2, block.mlp.c_fc = Scaled(8), Shifted(8, 32)
+    block.ln_2.weight.data = block.ln_2.weight.data.astype(np.float64)
+    block.ln_2.bias.data = block.ln_2.bias.data.astype(np.float64)
+    block.mlp.c_fc.weight.data = rng.standard_normal((32, 8)) * 0.1
+    block.mlp.c_fc.bias.data = np.zeros(32)
+    x = Tensor(rng.standard_normal((2, 5, 8)))
+    x1 = x + block.attn(block.ln_1(x))
+    h = F.gelu(block.mlp.c_fc(block.ln_2(x1)))
+    expected = x1 + block.mlp.c_proj(h)
+    np.testing.assert_allclose(block(x).data, expected.data, rtol=1e-12)
+    with K.use_kernels("cpu"):
+        np.testing.assert_allclose(block(x).data, expected.data, rtol=1e-10)
