@@ -581,6 +581,11 @@ class FusedStep:
     def view(self, array, i):
         return array[self.offsets[i]:self.offsets[i + 1]].reshape(self.shapes[i])
 
+    def _is_view(self, array, flat, i):
+        """Whether `array` is piece i of `flat` (and not some other array of the same shape)."""
+        return (array.base is flat and array.shape == self.shapes[i]
+                and array.ctypes.data == flat.ctypes.data + int(self.offsets[i]) * flat.itemsize)
+
     def _adopt(self, i):
         p = self.params[i]
         self.view(self.flat, i)[...] = p.data
@@ -590,7 +595,7 @@ class FusedStep:
         """Re-adopt parameters whose array was replaced (load_state_dict, astype, p.data = ...)."""
         for i, p in enumerate(self.params):
             d = p.data
-            if d.base is not self.flat or d.shape != self.shapes[i] or d.ctypes.data != self.flat.ctypes.data + self.offsets[i] * self.flat.itemsize:
+            if not self._is_view(d, self.flat, i):
                 if d.shape != self.shapes[i] or d.dtype != self.flat.dtype:
                     return False
                 self._adopt(i)
@@ -605,7 +610,7 @@ class FusedStep:
                 self.view(self.grad, i)[...] = 0
                 continue
             has[i] = True
-            if g.base is self.grad and g.ctypes.data == self.grad.ctypes.data + self.offsets[i] * self.grad.itemsize:
+            if self._is_view(g, self.grad, i):
                 continue
             self.view(self.grad, i)[...] = g
         return has
@@ -719,7 +724,8 @@ def clip_grad_norm_(params, max_norm):
 
     params = list(params)
     ids = {id(p) for p in params}
-    pack = next((pk for pk in _PACKS.values() if {id(p) for p in pk.params} == ids and len(params) == len(pk.params)), None)
+    pack = next((pk for pk in _PACKS.values() if len(pk.params) == len(params) and {id(p) for p in pk.params} == ids),
+                None)
     if pack is None or any(p.grad is not None and (p.grad.shape != p.shape or p.grad.dtype != pack.flat.dtype)
                            for p in params):
         return optim.clip_grad_norm_.default(params, max_norm)
