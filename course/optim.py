@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from .tensor.dispatch import dispatchable
+
 
 class Optimizer:
     def __init__(self, params, defaults):
@@ -31,14 +33,21 @@ class Optimizer:
                 p.grad = None
 
     def step(self):
-        self.steps += 1
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.update(p, p.grad, group, self.state.setdefault(id(p), {}))
+        optimizer_step(self)
 
     def update(self, p, grad, group, state):
         raise NotImplementedError
+
+
+@dispatchable
+def optimizer_step(optimizer):
+    """One step of `optimizer`, parameter by parameter. A dispatch point: under
+    `course.kernels.use_kernels("cpu")` one kernel call updates every parameter instead."""
+    optimizer.steps += 1
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                optimizer.update(p, p.grad, group, optimizer.state.setdefault(id(p), {}))
 
 
 class SGD(Optimizer):
@@ -105,6 +114,7 @@ class AdamW(Adam):
         return grad
 
 
+@dispatchable
 def clip_grad_norm_(params, max_norm):
     """Scale all gradients together so their joint L2 norm is at most `max_norm`; return the norm before."""
     grads = [p.grad for p in params if p.grad is not None]

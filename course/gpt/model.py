@@ -143,7 +143,11 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        if type(self.c_fc) is nn.Linear:  # gelu(c_fc(x)) as one call: part 6 fuses the bias and the GELU
+            h = F.linear_gelu(x, self.c_fc.weight, self.c_fc.bias)
+        else:  # a c_fc replaced by another module keeps its own forward
+            h = F.gelu(self.c_fc(x))
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
@@ -162,8 +166,13 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
-        return x + self.mlp(self.ln_2(x))
+        a = self.attn(self.ln_1(x), cache, layer)
+        if type(self.ln_2) is nn.LayerNorm:  # x + a and ln_2 of it as one call: part 6 fuses them into one pass
+            x, h = F.add_layer_norm(x, a, self.ln_2.weight, self.ln_2.bias, self.ln_2.eps)
+        else:  # an ln_2 replaced by another module keeps its own forward
+            x = x + a
+            h = self.ln_2(x)
+        return x + self.mlp(h)
 
 
 class Transformer(nn.Module):

@@ -33,7 +33,7 @@ import numpy as np
 from ..tensor import Tensor, dispatch, operation
 from ..tensor import functional as F
 from ..tensor import tensor as _tensor
-from . import basics, cpu, rows, scan
+from . import basics, cpu, fused, rows, scan
 from . import matmul as _gpu_matmul
 
 DEVICES = ("cpu", "cuda")
@@ -238,16 +238,33 @@ def selective_scan(u, delta, A, B, C, D=None, method=None, *, device="cpu"):
 OPERATIONS = {"matmul": matmul, "linear": linear, "softmax": softmax, "layer_norm": layer_norm,
               "scaled_dot_product_attention": scaled_dot_product_attention, "selective_scan": selective_scan}
 
+# On the CPU, the fused operations of `course.kernels.fused` (lesson 6.5) take over attention
+# (by tiles, with an online softmax), add the ones the engine has only there (the residual add
+# with its layer norm, bias + GELU, cross-entropy) and make the optimizer step one kernel call.
+FUSED = {"scaled_dot_product_attention": fused.attention, "add_layer_norm": fused.add_layer_norm,
+         "linear_gelu": fused.linear_gelu, "cross_entropy": fused.cross_entropy,
+         "optimizer_step": fused.optimizer_step, "clip_grad_norm_": fused.clip_grad_norm_}
+
+
+def replacements(device):
+    """{operation name: implementation} that `use_kernels(device)` swaps in."""
+    import course.mamba  # noqa: F401  (registers selective_scan, so that it can be swapped too)
+    import course.optim  # noqa: F401  (registers the optimizer step)
+
+    known = set(dispatch.names())
+    chosen = {name: functools.partial(op, device=device) for name, op in OPERATIONS.items()}
+    if device == "cpu":
+        chosen.update(FUSED)
+    return {name: op for name, op in chosen.items() if name in known}
+
 
 @contextmanager
 def use_kernels(device):
     """Inside `with use_kernels("cpu"):` (or "cuda") the engine's matmul, linear, softmax,
-    layer_norm, attention and Mamba's selective_scan run on this package's kernels."""
+    layer_norm, attention and Mamba's selective_scan run on this package's kernels; on "cpu" also
+    the fused operations (attention by tiles, add + layer norm, bias + GELU, cross-entropy, the
+    optimizer step and gradient clipping) of `course.kernels.fused`."""
     _lib(device)  # an unknown device is refused here, before anything changes
-    import course.mamba  # noqa: F401  (registers selective_scan, so that it can be swapped too)
-
     _said["float64"] = False
-    known = set(dispatch.names())
-    replacements = {name: functools.partial(op, device=device) for name, op in OPERATIONS.items() if name in known}
-    with dispatch.override(replacements):
+    with dispatch.override(replacements(device)):
         yield

@@ -118,6 +118,7 @@ def log_softmax(x, axis=-1):
     return operation("log_softmax", logp, (x,), lambda g: g - np.exp(logp) * g.sum(axis=axis, keepdims=True))
 
 
+@dispatchable
 def cross_entropy(logits, targets, ignore_index=None):
     """Mean negative log-likelihood of integer `targets` under `softmax(logits)`.
 
@@ -191,6 +192,17 @@ def layer_norm(x, weight, bias, eps=1e-5):
         return gx, gw, gb
 
     return operation("layer_norm", y, (x, weight, bias), backward)
+
+
+@dispatchable
+def add_layer_norm(x, y, weight, bias, eps=1e-5):
+    """(x + y, layer_norm(x + y, weight, bias, eps)): a residual add and the layer norm that reads it.
+
+    A transformer block does this twice per layer; as one dispatch point, part 6 can compute both
+    in one pass over memory (`course.kernels.fused`). Here it is the two operations, unchanged.
+    """
+    total = x + y
+    return total, layer_norm(total, weight, bias, eps)
 
 
 def embedding(indices, weight):
@@ -302,6 +314,13 @@ def linear(x, weight, bias=None):
         return gx, gw, gb
 
     return operation("linear", y, (x, weight, bias), backward)
+
+
+@dispatchable
+def linear_gelu(x, weight, bias=None):
+    """gelu(linear(x, weight, bias)), the first half of a transformer's MLP, as one dispatch point:
+    part 6 adds the bias and applies GELU in one pass (`course.kernels.fused`)."""
+    return gelu(linear(x, weight, bias))
 
 
 # ----- attention, as one operation (part 4) ------------------------------------------------------

@@ -1,0 +1,198 @@
+"""The checks of lesson 6.5 (course/exercises/part6_fusion.py): a stub is not attempted, a right
+answer passes, and the classic mistakes fail with a message that says what to fix."""
+
+import numpy as np
+import pytest
+
+import known_wrong
+from course.exercises import check
+from course.tensor import Tensor, operation
+
+pytestmark = pytest.mark.part6
+
+C = float(np.sqrt(2 / np.pi))
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ===== 6.5.1 the online softmax update ==============================================================
+def running_update(m, l, acc, scores, values):
+    m_new = max(m, scores.max())
+    a = np.exp(m - m_new)
+    p = np.exp(scores - m_new)
+    return m_new, l * a + p.sum(), acc * a + p @ values
+
+
+def running_update_output_not_rescaled(m, l, acc, scores, values):
+    m_new = max(m, scores.max())
+    p = np.exp(scores - m_new)
+    return m_new, l * np.exp(m - m_new) + p.sum(), acc + p @ values
+
+
+def running_update_sum_not_rescaled(m, l, acc, scores, values):
+    m_new = max(m, scores.max())
+    a = np.exp(m - m_new)
+    p = np.exp(scores - m_new)
+    return m_new, l + p.sum(), acc * a + p @ values
+
+
+def running_update_forgets_the_old_max(m, l, acc, scores, values):
+    m_new = scores.max()  # the block's maximum, not the running one
+    a = np.exp(m - m_new)
+    p = np.exp(scores - m_new)
+    return m_new, l * a + p.sum(), acc * a + p @ values
+
+
+def running_update_no_return(m, l, acc, scores, values):
+    m_new = max(m, scores.max())
+    acc *= np.exp(m - m_new)
+
+
+# ===== 6.5.2 bias + GELU ================================================================================
+def my_bias_gelu(h, bias):
+    x = h.data + bias.data
+    t = np.tanh(C * (x + 0.044715 * x ** 3))
+
+    def backward(g):
+        gx = g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * C * (1 + 3 * 0.044715 * x * x))
+        return gx, gx.reshape(-1, gx.shape[-1]).sum(axis=0)
+
+    return operation("bias_gelu", 0.5 * x * (1 + t), (h, bias), backward)
+
+
+def bias_gelu_no_product_rule(h, bias):
+    x = h.data + bias.data
+    t = np.tanh(C * (x + 0.044715 * x ** 3))
+
+    def backward(g):
+        gx = g * 0.5 * (1 + t)
+        return gx, gx.reshape(-1, gx.shape[-1]).sum(axis=0)
+
+    return operation("bias_gelu", 0.5 * x * (1 + t), (h, bias), backward)
+
+
+def bias_gelu_no_bias_gradient(h, bias):
+    out = my_bias_gelu(h, bias)
+    backward = out._backward
+    out._backward = lambda g: (backward(g)[0], None)
+    return out
+
+
+def bias_gelu_bias_gradient_not_summed(h, bias):
+    out = my_bias_gelu(h, bias)
+    backward = out._backward
+    out._backward = lambda g: (backward(g)[0], backward(g)[0])
+    return out
+
+
+def bias_gelu_with_library(h, bias):
+    import course.tensor.functional as F
+    return F.gelu(h + bias)
+
+
+def bias_gelu_relu(h, bias):
+    x = h.data + bias.data
+    return operation("relu", np.maximum(x, 0), (h, bias), lambda g: (g * (x > 0), (g * (x > 0)).sum(axis=0)))
+
+
+# ===== 6.5.3 the tile loop of the attention forward ===================================================
+def _tiled(q, k, v, block, causal=True, mask_inside=True, rescale_output=True, stop_at_t=True):
+    t, d = q.shape
+    out = np.zeros((t, v.shape[1]))
+    starts = range(0, t, block) if stop_at_t else range(0, t - t % block, block)
+    for i0 in starts:
+        i1 = min(i0 + block, t)
+        m = np.full(i1 - i0, -np.inf)
+        l = np.zeros(i1 - i0)
+        acc = np.zeros((i1 - i0, v.shape[1]))
+        for j0 in (range(0, i1, block) if causal else range(0, t, block)):
+            if not stop_at_t and j0 + block > t:
+                break
+            j1 = min(j0 + block, t)
+            s = q[i0:i1] @ k[j0:j1].T / np.sqrt(d)
+            if causal and mask_inside:
+                s = np.where(np.arange(j0, j1)[None, :] > np.arange(i0, i1)[:, None], -np.inf, s)
+            m_new = np.maximum(m, s.max(axis=1))
+            a = np.exp(m - m_new)
+            p = np.exp(s - m_new[:, None])
+            l = l * a + p.sum(axis=1)
+            acc = (acc * a[:, None] if rescale_output else acc) + p @ v[j0:j1]
+            m = m_new
+        out[i0:i1] = acc / l[:, None]
+    return out
+
+
+def tiled_attention(q, k, v, block, causal=True):
+    return _tiled(q, k, v, block, causal)
+
+
+def tiled_attention_no_mask_inside(q, k, v, block, causal=True):
+    return _tiled(q, k, v, block, causal, mask_inside=False)
+
+
+def tiled_attention_output_not_rescaled(q, k, v, block, causal=True):
+    return _tiled(q, k, v, block, causal, rescale_output=False)
+
+
+def tiled_attention_drops_the_last_tile(q, k, v, block, causal=True):
+    return _tiled(q, k, v, block, causal, stop_at_t=False)
+
+
+def tiled_attention_ignores_causal(q, k, v, block, causal=True):
+    return _tiled(q, k, v, block, True)
+
+
+def attention_whole(q, k, v, block, causal=True):
+    s = q @ k.T / np.sqrt(q.shape[1])
+    if causal:
+        s = np.where(np.arange(len(k))[None, :] > np.arange(len(q))[:, None], -np.inf, s)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    return (w / w.sum(axis=1, keepdims=True)) @ v
+
+
+def attention_library(q, k, v, block, causal=True):
+    from course.kernels import fused
+    out, _ = fused.attention_forward(q, k, v, causal)
+    return out
+
+
+RIGHT = {"6.5.1": running_update, "6.5.2": my_bias_gelu, "6.5.3": tiled_attention}
+
+KNOWN_WRONG = {
+    "6.5.1": [(running_update_output_not_rescaled, ["rescaled the sum but not the output"]),
+              (running_update_sum_not_rescaled, ["running sum l", "rescaled by exp(m - m_new)"]),
+              (running_update_forgets_the_old_max, ["running maximum m"]),
+              (running_update_no_return, ["returned None"])],
+    "6.5.2": [(bias_gelu_no_product_rule, ["product rule"]),
+              (bias_gelu_no_bias_gradient, ["bias got no gradient"]),
+              (bias_gelu_bias_gradient_not_summed, ["sum the gradient over the rows"]),
+              (bias_gelu_with_library, ["write this yourself"]),
+              (bias_gelu_relu, ["forward value gelu(h + bias)"])],
+    "6.5.3": [(tiled_attention_no_mask_inside, ["inside a tile", "masked"]),
+              (tiled_attention_output_not_rescaled, ["attention output"]),
+              (tiled_attention_drops_the_last_tile, ["does not divide T"]),
+              (tiled_attention_ignores_causal, ["causal=False"]),
+              (attention_whole, ["(512, 512) matrix of scores"]),
+              (attention_library, ["write this yourself"])],
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(RIGHT))
+def test_stub_is_not_attempted_and_the_solution_passes(exercise_id):
+    assert check(exercise_id, stub).status == "not attempted"
+    result = check(exercise_id, RIGHT[exercise_id])
+    assert result.status == "passed", result.message
+
+
+@pytest.mark.parametrize("exercise_id,wrong,words", known_wrong.cases(KNOWN_WRONG))
+def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
+    known_wrong.assert_fails_saying(exercise_id, wrong, words)
+
+
+def test_the_6_5_2_solution_agrees_with_the_library(rng):
+    from course.kernels import fused
+    h, b = rng.normal(size=(4, 6)), rng.normal(size=6)
+    ours = my_bias_gelu(Tensor(h), Tensor(b)).data
+    np.testing.assert_allclose(ours, fused.bias_gelu(Tensor(h), Tensor(b)).data, rtol=1e-12)
