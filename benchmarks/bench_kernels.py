@@ -166,6 +166,36 @@ def cpu_scan(threads):
     return _scan(threads, False)
 
 
+
+def _attention(threads, T, fused):
+    """Causal attention forward + backward, batch 4, 4 heads, head size 32, float32, as GPT calls it."""
+    import course.kernels  # noqa: F401  (chooses the CUDA backend before numba starts)
+    from course.kernels import fused as K_fused
+    from course.tensor import Tensor
+    from course.tensor import functional as F
+
+    rng = np.random.default_rng(0)
+    q, k, v = (Tensor(rng.standard_normal((4, 4, T, 32)).astype(np.float32), requires_grad=True) for _ in range(3))
+    g = rng.standard_normal((4, 4, T, 32)).astype(np.float32)
+    attend = K_fused.attention if fused else F.scaled_dot_product_attention.default
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        out = attend(q, k, v, causal=True)
+        out.backward(g)
+        return float(np.abs(q.grad).sum())
+
+    return step
+
+
+def attention_fused(threads, T=256):
+    return _attention(threads, T, True)
+
+
+def attention_numpy(threads, T=256):
+    return _attention(threads, T, False)
+
 ROWS = [
     Row("matmul-512", "Numba CPU matmul (`course.kernels.cpu`), 512 x 512 float32, `a @ b`", "matmul_course",
         "matmul_numpy", reference_label="NumPy's BLAS", threads=1, steps=30, same=1e-4, extra={"n": 512},
@@ -181,6 +211,11 @@ ROWS = [
     Row("mamba-kernels", "Mamba training step (as above) on the CPU kernels, `use_kernels(\"cpu\")`",
         "mamba_kernels", "mamba_numpy", reference_label="NumPy path", steps=9, warmup=2, same=1e-4,
         note="target <= 0.9"),
+    Row("attention-256", "Causal attention forward + backward, 4 x 4 heads x 256 tokens x 32, float32: "
+        "by tiles (`course.kernels.fused`) against the NumPy path", "attention_fused", "attention_numpy",
+        reference_label="NumPy path", same=1e-3, extra={"T": 256}, note="target < 1"),
+    Row("attention-1024", "The same at 1024 tokens", "attention_fused", "attention_numpy",
+        reference_label="NumPy path", same=1e-3, extra={"T": 1024}, steps=5, note="target < 1"),
     Row("gpu-matmul", f"CUDA tiled matmul {GPU_N} x {GPU_N} float32", "gpu_matmul_tiled", "gpu_matmul_cublas",
         reference_label="cuBLAS (CuPy)", steps=5, warmup=1),
     Row("gpu-scan", "CUDA selective scan (b=8, l=1024, d=256, n=16), forward, host copies included", "gpu_scan",
