@@ -212,3 +212,47 @@ KNOWN_WRONG = {
 @pytest.mark.parametrize("exercise_id,wrong,words", known_wrong.cases(KNOWN_WRONG))
 def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words, capsys):
     known_wrong.assert_fails_saying(exercise_id, wrong, words)
+
+
+# ---- right answers written otherwise ---------------------------------------------------------
+
+def bytes_to_unicode_by_lists():
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    others = [b for b in range(256) if b not in keep]
+    return dict(zip(keep + others, [chr(b) for b in keep] + [chr(256 + i) for i in range(len(others))]))
+
+
+def to_course_state_by_comprehension(tensors):
+    full = {k if k.startswith("transformer.") else f"transformer.{k}": v for k, v in tensors.items()}
+    state = {k: np.transpose(v) if any(k.endswith(c) for c in CONV1D) else v
+             for k, v in full.items() if not k.endswith(".attn.bias")}
+    return {**state, "lm_head.weight": state["transformer.wte.weight"]}
+
+
+def config_by_renaming(d):
+    names = {"vocab_size": "vocab_size", "n_positions": "block_size", "n_layer": "n_layer", "n_head": "n_head",
+             "n_embd": "n_embd", "layer_norm_epsilon": "layer_norm_epsilon", "n_inner": "n_inner",
+             "tie_word_embeddings": "tie_word_embeddings"}
+    act = d.get("activation_function", "gelu_new")
+    if act not in {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}:
+        raise ValueError(f"activation_function {act} is not supported")
+    defaults = {"layer_norm_epsilon": 1e-5, "n_inner": None, "tie_word_embeddings": True}
+    return GPTConfig(**{ours: d.get(theirs, defaults.get(theirs)) for theirs, ours in names.items()})
+
+
+def load_tensor_with_struct(data, name):
+    import struct
+
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    dtype = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "F16": "<f2"}[header[name]["dtype"]]
+    a, b = header[name]["data_offsets"]
+    return np.array(np.frombuffer(data, dtype=dtype, count=(b - a) // np.dtype(dtype).itemsize,
+                                  offset=8 + n + a)).reshape(header[name]["shape"])
+
+
+@pytest.mark.parametrize("exercise_id,candidate", [
+    ("4.5.1", bytes_to_unicode_by_lists), ("4.5.2", to_course_state_by_comprehension),
+    ("4.5.3", config_by_renaming), ("4.5.4", load_tensor_with_struct)])
+def test_right_answers_written_otherwise_pass(exercise_id, candidate, capsys):
+    assert check(exercise_id, candidate).status == "passed", capsys.readouterr().out

@@ -1030,6 +1030,23 @@ def transpose_tiles(x, out):
 
 
 @cuda.jit
+def transpose_tiles_literal_width(x, out):
+    tile = cuda.shared.array((32, 33), float32)  # the padded width written as a number
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    r = ty
+    while r < 32:
+        if cuda.blockIdx.y * 32 + r < x.shape[0] and cuda.blockIdx.x * 32 + tx < x.shape[1]:
+            tile[r, tx] = x[cuda.blockIdx.y * 32 + r, cuda.blockIdx.x * 32 + tx]
+        r += cuda.blockDim.y
+    cuda.syncthreads()
+    r = ty
+    while r < 32:
+        if cuda.blockIdx.x * 32 + r < out.shape[0] and cuda.blockIdx.y * 32 + tx < out.shape[1]:
+            out[cuda.blockIdx.x * 32 + r, cuda.blockIdx.y * 32 + tx] = tile[tx, r]
+        r += cuda.blockDim.y
+
+
+@cuda.jit
 def transpose_tiles_padded_inside(x, out):
     tile = cuda.shared.array((T32, T32 + 1), float32)  # an expression: not a constant to numba
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -1199,9 +1216,10 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.2.1", reverse_swap_pairs),
     ("6.2.2", block_sum_warp_shuffle),
     ("6.2.4", total_by_warps_xor),
+    ("6.3.5", transpose_tiles_literal_width),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
         "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes",
-        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor"])
+        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor", "6.3.5-literal-width"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
