@@ -179,3 +179,18 @@ def test_logistic_regression_learns(rng):
     for _ in range(100):
         sess.run(train, {x: X, t: y})
     assert sess.run(loss, {x: X, t: y}) < first / 3
+
+
+def test_a_matmul_gradient_through_an_unshaped_stack_is_an_error_not_a_wrong_answer():
+    """Without shapes, the gradient of x @ w transposes x as a matrix; fed a stack of matrices it
+    says so when it runs, instead of reversing all three axes."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.placeholder()
+        w = tf.Variable(np.ones((3, 3)))
+        (dw,) = tf.gradients(tf.reduce_sum(tf.matmul(x, w)), [w])
+    sess = tf.Session(g)
+    np.testing.assert_allclose(sess.run(dw, {x: np.arange(9.0).reshape(3, 3)}),
+                               np.arange(9.0).reshape(3, 3).T @ np.ones((3, 3)))
+    with pytest.raises(RuntimeError, match=r"transpose without perm takes a 2-D matrix, got shape \(2, 3, 3\)"):
+        sess.run(dw, {x: np.ones((2, 3, 3))})

@@ -272,6 +272,9 @@ def _matmul_grad(node, g, needs):
 
 
 def _transpose_kernel(x, perm=None):
+    if perm is None and np.ndim(x) != 2:  # checked here too: a graph built without shapes meets it only now
+        raise ValueError(f"transpose without perm takes a 2-D matrix, got shape {shapes.show(np.shape(x))}: "
+                         f"give perm for more axes")
     return np.transpose(x, perm)
 
 
