@@ -313,3 +313,19 @@ def test_a_block_with_replaced_modules_keeps_their_forward(rng):
     np.testing.assert_allclose(block(x).data, expected.data, rtol=1e-12)
     with K.use_kernels("cpu"):
         np.testing.assert_allclose(block(x).data, expected.data, rtol=1e-10)
+
+
+def test_fused_step_after_the_state_is_cleared_starts_from_zeros(rng):
+    p = Tensor(rng.standard_normal(6).astype(np.float32), requires_grad=True)
+    q = Tensor(p.data.copy(), requires_grad=True)
+    fast, slow = optim.AdamW([p], lr=1e-2), optim.AdamW([q], lr=1e-2)
+    for step in range(5):
+        if step == 3:  # a fresh start of the optimizer's state, as after loading a model
+            fast.state.clear()
+            slow.state.clear()
+        p.grad = rng.standard_normal(6).astype(np.float32)
+        q.grad = p.grad.copy()
+        with K.use_kernels("cpu"):
+            fast.step()
+        slow.step()
+        np.testing.assert_allclose(p.data, q.data, rtol=1e-5, atol=1e-6)

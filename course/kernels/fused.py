@@ -623,7 +623,9 @@ class FusedStep:
         for i, st in enumerate(states):
             old = st.get(key)
             piece = self.view(flat, i)
-            if old is not None and old is not piece and not (isinstance(old, np.ndarray) and old.base is flat):
+            if old is None:  # a fresh state (the optimizer's was cleared): start from zeros, as the unfused step does
+                piece[...] = 0
+            elif old is not piece and not (isinstance(old, np.ndarray) and old.base is flat):
                 piece[...] = old
             st[key] = piece
         return flat
