@@ -27,6 +27,7 @@ import csv
 import functools
 import hashlib
 import hmac
+import importlib.util
 import io
 import json
 import os
@@ -247,6 +248,16 @@ def _unmarked(source):
     return "\n".join(line for line in source.split("\n") if not MARKER_LINE.match(line)).strip()
 
 
+def _is_module(dotted):
+    """Whether `from a import b` brings a module (a.b), whatever the grader itself has imported."""
+    if dotted in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except (ImportError, ValueError, AttributeError):  # a.b where a is no package, or is not installed
+        return False
+
+
 def _imports(trees):
     """{name bound in the notebook: the dotted name of what was imported}."""
     names = {}
@@ -287,7 +298,7 @@ def review_notes(nb, lesson):
     imported = set(imports)  # modules, and the functions and classes imported from them
     modules = {name for tree in trees for node in _walk(tree) if isinstance(node, ast.Import)
                for name in [a.asname or a.name.split(".")[0] for a in node.names]}
-    modules |= {name for name, full in imports.items() if full in sys.modules}
+    modules |= {name for name, full in imports.items() if _is_module(full)}
     notes = []
     for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
         if _unmarked(cell.source) in own:
@@ -622,7 +633,9 @@ def _stop_everything(proc):
     if proc.poll() is None:  # not yet reaped, so its pid cannot belong to anyone else
         try:
             runner = psutil.Process(proc.pid)
-            _stop_all(runner, also=[runner])
+            runner.suspend()  # frozen, it still adopts the orphans of processes killed below
+            _stop_all(runner)  # its descendants first, so that none is handed on to init
+            runner.kill()
         except psutil.Error:
             pass
     proc.kill() if proc.poll() is None else None

@@ -7,6 +7,8 @@ with and without bubblewrap; where it works, they also check what the sandbox ke
 """
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -324,3 +326,14 @@ def test_only_the_exercise_cells_own_functions_are_graded():
     lesson.cells = [c for c in lesson.cells if 'check("5.1.' not in c.source]
     lesson.cells.append(nbformat.v4.new_code_cell("ssm_kernel_dense = ssm_kernel"))
     assert grading.exercise_cells(lesson, exercises) == {}
+
+
+def test_a_module_handed_to_other_code_is_flagged_whatever_the_grader_has_imported():
+    """`from numpy import linalg` brings a module whether or not the grading process has imported
+    numpy.linalg itself: the flag is the same in a fresh interpreter."""
+    code = ("import nbformat\nfrom course import grading\n"
+            "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("
+            "'from course import tensor\\nfrom numpy import linalg\\nhelper(tensor, linalg)')])\n"
+            "print(grading.review_notes(nb, nbformat.v4.new_notebook()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
+    assert "hands the module tensor to other code" in out and "hands the module linalg to other code" in out, out
