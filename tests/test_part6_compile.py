@@ -227,6 +227,7 @@ def test_the_checks_own_kernels_compile(nvvm):
     compiles(part6._fill, (np.zeros((3, 4), np.float32),), "part6._fill")
     compiles(part6._relu_forward, (x, np.zeros_like(x)), "part6._relu_forward")
     compiles(part6._relu_backward, (x, x, np.zeros_like(x)), "part6._relu_backward")
+    compiles(part6._transpose_reference, (f32(40, 33), f32(33, 40)), "part6._transpose_reference")
 
 
 # ----- every kernel of the solutions -----------------------------------------------------------------
