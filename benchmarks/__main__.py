@@ -12,8 +12,7 @@ gives each engine's median time over its steps with the spread (min-max), and th
 medians: course / reference, below 1 the course is faster. The header names the CPU, its vector
 instructions and the versions, so a table can be compared with one from the same machine.
 
-A module registers its rows with one line in MODULES. A module with `run()` instead of `ROWS`
-(rows it times itself, in one process) still works: its rows are printed with a note.
+A module registers its rows (`ROWS`) with one line in MODULES.
 """
 
 import argparse
@@ -64,16 +63,10 @@ def _child(args, timeout=600):
 
 
 def select(rows_wanted):
-    """(module name, Row or None) for every row selected by the words in rows_wanted."""
+    """(module name, Row) for every row selected by the words in rows_wanted."""
     chosen = []
     for name in MODULES:
-        module = importlib.import_module(f"benchmarks.{name}")
-        rows = getattr(module, "ROWS", None)
-        if rows is None:  # a module that times its rows itself
-            if not rows_wanted or any(w in name for w in rows_wanted):
-                chosen.append((name, None))
-            continue
-        for row in rows:
+        for row in importlib.import_module(f"benchmarks.{name}").ROWS:
             if not rows_wanted or any(w in row.key or w in name for w in rows_wanted):
                 chosen.append((name, row))
     return chosen
@@ -104,25 +97,6 @@ def run_row(module, row, threads, quick=False):
             if not agree:
                 result["note"] = f"RESULTS DIFFER: {c['check']:.6g} vs {r['check']:.6g}; " + result["note"]
     return result
-
-
-def run_legacy(module, threads):
-    out = _child([module, "--legacy", "--threads", str(threads)])
-    if "error" in out:
-        return [{"name": module, "note": f"failed: {out['error']}"}]
-    results = []
-    for r in out["rows"]:
-        res = {"key": module, "name": r["name"], "module": module, "threads": threads,
-               "course_label": "course", "reference_label": r.get("reference", ""),
-               "note": "; ".join(x for x in (r.get("note", ""), "both timed in one process") if x)}
-        if r.get("course_s") is not None:
-            res["course"] = {"median": r["course_s"], "min": r["course_s"], "max": r["course_s"]}
-        if r.get("reference_s") is not None:
-            res["reference"] = {"median": r["reference_s"], "min": r["reference_s"], "max": r["reference_s"]}
-        if r.get("ratio") is not None:
-            res["ratio"] = r["ratio"]
-        results.append(res)
-    return results
 
 
 def _cell(result, engine):
@@ -189,18 +163,15 @@ def main(argv=None):
     chosen = select(rows)
     if args.list:
         for module, row in chosen:
-            print(f"{row.key if row else '-':<16} {module:<14} {row.name if row else '(times itself)'}")
+            print(f"{row.key:<16} {module:<14} {row.name}")
         return []
     if not chosen:
         p.error(f"no row matches {' '.join(rows)}; see --list")
     info = machine(args.threads)
     results = []
     for module, row in chosen:
-        print(f"running {module} {row.key if row else ''} ...", file=sys.stderr, flush=True)
-        if row is None:
-            results += run_legacy(module, args.threads)
-        else:
-            results.append(run_row(module, row, args.threads, quick=args.quick))
+        print(f"running {module} {row.key} ...", file=sys.stderr, flush=True)
+        results.append(run_row(module, row, args.threads, quick=args.quick))
     (print_markdown if args.markdown else print_text)(results, info)
     if args.json:
         with open(args.json, "w") as f:

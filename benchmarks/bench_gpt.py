@@ -14,7 +14,6 @@ sequence; both give the same tokens (checked through a checksum).
     python -m benchmarks gpt
 """
 
-import os
 
 import numpy as np
 
@@ -30,17 +29,6 @@ def _config(width=128):
 
 
 CONFIG = _config()
-
-
-def numpy_threads():
-    """How many threads NumPy's BLAS runs: the usual environment variables, else every core we may use."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _data(config):

@@ -1,7 +1,6 @@
 """Time one engine of one benchmark row, alone in this process, and print the result as JSON.
 
     python -m benchmarks.run_one bench_gpt gpt course --threads 2
-    python -m benchmarks.run_one bench_gpt --legacy      # a module with run() instead of ROWS
 
 `python -m benchmarks` starts this once per engine per row. The thread count goes into the
 environment first (OMP/OPENBLAS/MKL/NUMBA_NUM_THREADS), before NumPy, Numba or PyTorch is
@@ -36,7 +35,6 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
-    p.add_argument("--legacy", action="store_true", help="call the module's run() and print its rows")
     args = p.parse_args(argv)
 
     from .harness import set_threads
@@ -47,9 +45,6 @@ def main(argv=None):
     from .harness import Skip
 
     module = importlib.import_module(f"benchmarks.{args.module}")
-    if args.legacy:
-        print(json.dumps({"rows": module.run()}))
-        return 0
     rows = {r.key: r for r in module.ROWS}
     if args.row not in rows:
         p.error(f"{args.module} has no row {args.row!r}; its rows are {', '.join(rows)}")

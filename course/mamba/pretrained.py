@@ -27,8 +27,6 @@ from .model import PAD_VOCAB_SIZE_MULTIPLE, MambaConfig
 __all__ = ["config_from_file", "config_to_hf", "load_mamba", "save_mamba", "FILES"]
 
 FILES = ["config.json", "model.safetensors"]
-MIXER = ("in_proj.weight", "conv1d.weight", "conv1d.bias", "x_proj.weight", "dt_proj.weight", "dt_proj.bias",
-         "A_log", "D", "out_proj.weight")
 
 
 def _refuse(where, key, value, why):
@@ -110,7 +108,7 @@ def config_to_hf(config):
             "pad_vocab_size_multiple": PAD_VOCAB_SIZE_MULTIPLE, "residual_in_fp32": False}
 
 
-def _course_names(tensors, file):
+def _course_names(tensors):
     """The course's names for the file's tensors: strip `backbone.`, rename `embeddings` (HF's)."""
     out = {}
     unexpected = []
@@ -132,7 +130,7 @@ def load_mamba(cls, source, dtype=np.float32):
     folder = resolve(source, FILES)
     config, form = config_from_file(read_config(folder / "config.json"), where=str(folder / "config.json"))
     file = folder / "model.safetensors"
-    state, unexpected = _course_names(read_safetensors(file), file)
+    state, unexpected = _course_names(read_safetensors(file))
     with nn.skip_init():  # every weight comes from the file: no random draws to throw away
         model = cls(config, seed=0)
     params = dict(model.named_parameters())
