@@ -135,6 +135,25 @@ class Module:
 _SKIP_INIT = [False]
 
 
+def merge_tied(state, alias, target, shape, owner, why="the two are tied (one array)"):
+    """A state dict that may name a tied parameter twice (minGPT's and mamba-minimal's `lm_head.weight`
+    beside the embedding), reduced to the one name the model holds: `alias` of the right shape fills
+    `target` when that is missing, and must equal it when both are given."""
+    state = dict(state)
+    head = state.pop(alias, None)
+    if head is None:
+        return state
+    if tuple(np.shape(head)) != tuple(shape):
+        raise ValueError(f"load_state_dict into {owner}: wrong shape: {alias}: expected {tuple(shape)}, "
+                         f"got {np.shape(head)}")
+    if target not in state:
+        state[target] = head
+    elif tuple(np.shape(state[target])) == tuple(shape) and not np.array_equal(head, state[target]):
+        raise ValueError(f"load_state_dict into {owner}: {alias} differs from {target}, but {why}: "
+                         f"give them equal, or only {target}")
+    return state
+
+
 @contextmanager
 def skip_init():
     """Inside the block, Linear and Embedding start as zeros instead of random draws.
@@ -315,4 +334,4 @@ class GELU(Module):
 
 
 __all__ = ["Parameter", "Module", "Linear", "Embedding", "LayerNorm", "Dropout", "Sequential",
-           "ModuleList", "ReLU", "Tanh", "GELU", "Tensor", "skip_init"]
+           "ModuleList", "ReLU", "Tanh", "GELU", "Tensor", "skip_init", "merge_tied"]

@@ -96,6 +96,13 @@ def test_a_tied_model_keeps_one_parameter_and_minGPT_names():
     state["lm_head.weight"] = state["lm_head.weight"] + 1
     with pytest.raises(ValueError, match="lm_head.weight differs from transformer.wte.weight"):
         model.load_state_dict(state)
+    state["lm_head.weight"] = state["lm_head.weight"][:3]  # a head of the wrong shape is named, not dropped
+    with pytest.raises(ValueError, match=r"wrong shape: lm_head.weight: expected"):
+        model.load_state_dict(state)
+    only_head = {n: a for n, a in model.state_dict().items() if n != "transformer.wte.weight"}
+    only_head["lm_head.weight"] = only_head["lm_head.weight"] + 1  # the head alone fills the embedding
+    model.load_state_dict(only_head)
+    np.testing.assert_array_equal(model.transformer.wte.weight.data, only_head["lm_head.weight"])
 
 
 def test_kv_cache_generation_of_a_loaded_model_equals_generation_without_it(tmp_path):

@@ -228,14 +228,10 @@ class GPT(nn.Module):
         return state
 
     def load_state_dict(self, state, strict=True):
-        if self.tied and "lm_head.weight" in state:
-            state = dict(state)
-            head = state.pop("lm_head.weight")
-            wte = state.get("transformer.wte.weight")
-            if wte is not None and np.shape(head) == np.shape(wte) and not np.array_equal(head, wte):
-                raise ValueError("load_state_dict into GPT: lm_head.weight differs from transformer.wte.weight, "
-                                 "but this model ties them (tie_word_embeddings=True): give them equal, or only "
-                                 "transformer.wte.weight")
+        if self.tied:
+            state = nn.merge_tied(state, "lm_head.weight", "transformer.wte.weight",
+                                  self.transformer.wte.weight.shape, "GPT",
+                                  why="this model ties them (tie_word_embeddings=True)")
         return super().load_state_dict(state, strict)
 
     def init_weights(self, seed=0):

@@ -22,7 +22,6 @@ C become learned parameters, the same at every position, and the SSM is time-inv
 """
 
 import math
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -275,19 +274,7 @@ class Mamba(nn.Module):
 
     def load_state_dict(self, state, strict=True):
         """Load by name. `lm_head.weight` may be given (it must then equal `embedding.weight`) or left out."""
-        state = OrderedDict(state)
-        head = state.pop("lm_head.weight", None)
-        if head is not None:
-            expected = self.embedding.weight.shape
-            if tuple(np.shape(head)) != expected:
-                raise ValueError(f"load_state_dict into Mamba: wrong shape: lm_head.weight: expected {expected}, "
-                                 f"got {np.shape(head)}")
-            if "embedding.weight" not in state:
-                state["embedding.weight"] = head
-            elif tuple(np.shape(state["embedding.weight"])) == expected and not np.array_equal(
-                    head, state["embedding.weight"]):
-                raise ValueError("load_state_dict into Mamba: lm_head.weight differs from embedding.weight, "
-                                 "but the two are tied (one array): give them equal, or only embedding.weight")
+        state = nn.merge_tied(state, "lm_head.weight", "embedding.weight", self.embedding.weight.shape, "Mamba")
         return super().load_state_dict(state, strict)
 
     # ----- the forward pass ---------------------------------------------------------------------
