@@ -165,7 +165,9 @@ def _library_calls():
     K.selective_scan_backward(f32(2, 5, 3, seed=6), u, delta, A, Bm, Cm, D, states)
     from course.kernels import fused_cuda
 
-    fused_cuda.attention(f32(2, 5, 4), f32(2, 5, 4, seed=1), f32(2, 5, 4, seed=2), causal=True)
+    q, k, v = f32(2, 5, 4), f32(2, 5, 4, seed=1), f32(2, 5, 4, seed=2)
+    out, lse = fused_cuda.attention(q, k, v, causal=True)
+    fused_cuda.attention_backward(q, k, v, out, lse, f32(2, 5, 4, seed=3), causal=True)
     fused_cuda.cross_entropy(f32(3, 7), np.array([1, 6, 0]), ignore_index=6)
 
 

@@ -23,7 +23,7 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
 from . import cpu, fused, fused_cuda, ops
-from .fused_cuda import attention_kernel, cross_entropy_kernel
+from .fused_cuda import attention_kernel, cross_entropy_forward_kernel, cross_entropy_backward_kernel
 from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
                      reset_launches)
@@ -34,7 +34,7 @@ from .rows import (layer_norm, layer_norm_backward, layer_norm_kernel, softmax, 
 from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_scan_kernel
 from .trace import TraceReport, trace
 
-__all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "attention_kernel", "cross_entropy_kernel", "use_kernels", "DEVICES",
+__all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "attention_kernel", "cross_entropy_forward_kernel", "cross_entropy_backward_kernel", "use_kernels", "DEVICES",
            "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
            "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
            "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",
