@@ -179,7 +179,8 @@ def test_cuda_attention_operation_equals_the_engine_and_dropout_falls_back(rng):
     out = ops.cuda_attention(*ts)
     out.backward(dout)
     assert out.op == "attention"
-    assert {"attention_kernel": 1, "attention_backward_dq_kernel": 1, "attention_backward_dkdv_kernel": 1} == K.launches()
+    assert K.launches() == {"attention_kernel": 1, "attention_backward_dq_kernel": 1,
+                            "attention_backward_dkdv_kernel": 1}
     expected, grads = _engine(q, k, v, dout, True)
     np.testing.assert_allclose(out.data, expected, rtol=1e-5, atol=1e-6)
     for t, want in zip(ts, grads):

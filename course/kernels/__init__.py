@@ -6,7 +6,7 @@
     K.matmul(a, b, method="tiled")      # or "naive"
     K.selective_scan(u, delta, A, B, C, D)
     K.cpu.matmul(a, b)                  # the CPU twins (numba.njit, prange)
-    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles, cross-entropy in one kernel
+    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles (and its backward), cross-entropy
     K.fused.attention(q, k, v)          # and their CPU twins, fused autograd operations
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels
         logits, loss = model(x, y)

@@ -34,11 +34,11 @@ dq sums over keys, dk and dv over queries. Two kernels give each sum a single ow
   row, looping over key tiles; it also computes and saves D_i for the next kernel;
 - attention_backward_dkdv_kernel: one block per key tile, one thread per key, looping over the
   query tiles (q, dout, lse and D loaded into shared memory together).
-The other way, one kernel per key tile adding each dq_i with atomicAdd, recomputes the scores
-once instead of twice, but makes every block of a column of key tiles collide on the same dq
-rows, and float atomics add in whatever order the blocks arrive: the gradient changes in its
-last bits from run to run. Recomputing is cheap here (a dot product per score) and the result is
-the same every time.
+The other way, one kernel per key tile adding its share of every dq_i with atomicAdd, computes
+the scores once instead of twice, but then all the key tiles of a head add into the same dq rows
+(they wait for each other there), and float atomics add in whatever order the blocks arrive: the
+gradient changes in its last bits from run to run. Recomputing a score is a dot product, cheap
+next to that, and two kernels give the same gradient every time with no atomics.
 
 Cross-entropy: one block per row, as softmax in rows.py. The forward finds the row's maximum and
 sum of exponentials by block reductions and writes the row's loss lse - x[target] (0 on a row
