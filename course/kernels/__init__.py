@@ -6,7 +6,7 @@
     K.matmul(a, b, method="tiled")      # or "naive"
     K.selective_scan(u, delta, A, B, C, D)
     K.cpu.matmul(a, b)                  # the CPU twins (numba.njit, prange)
-    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles, cross-entropy in one kernel
+    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles (and its backward), cross-entropy
     K.fused.attention(q, k, v)          # and their CPU twins, fused autograd operations
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels
         logits, loss = model(x, y)
@@ -27,7 +27,7 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
 from . import cpu, fused, fused_cuda, ops
 from .device import CudaArray, reset_transfers, transfers
-from .fused_cuda import attention_kernel, cross_entropy_kernel
+from .fused_cuda import attention_kernel, cross_entropy_backward_kernel, cross_entropy_forward_kernel
 from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
                      reset_launches)
@@ -39,7 +39,8 @@ from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_
 from .trace import TraceReport, trace
 
 __all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "CudaArray", "transfers",
-           "reset_transfers", "attention_kernel", "cross_entropy_kernel", "use_kernels", "DEVICES",
+           "reset_transfers", "attention_kernel", "cross_entropy_forward_kernel", "cross_entropy_backward_kernel",
+           "use_kernels", "DEVICES",
            "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
            "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
            "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",
