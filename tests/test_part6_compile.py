@@ -157,8 +157,11 @@ def _library_calls():
     K.softmax_backward(s, f32(3, 20, seed=3))
     _, mean, rstd = K.layer_norm(x, w, b, return_stats=True)
     K.layer_norm_backward(x, w, mean, rstd, f32(3, 20, seed=4))
-    for method in ("naive", "tiled"):
+    from course.kernels.matmul import METHODS
+
+    for method in METHODS:
         K.matmul(f32(5, 3), f32(3, 7), method=method)
+        K.matmul_into(f32(2, 5, 3), f32(2, 3, 7), np.zeros((2, 5, 7), np.float32), method=method)  # batched
     u, delta = f32(2, 5, 3), np.abs(f32(2, 5, 3, seed=1)) * 0.1
     A, Bm, Cm, D = -np.abs(f32(3, 4, seed=2)), f32(2, 5, 4, seed=3), f32(2, 5, 4, seed=4), f32(3, seed=5)
     _, states = K.selective_scan(u, delta, A, Bm, Cm, D, return_states=True)
