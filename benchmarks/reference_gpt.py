@@ -44,7 +44,7 @@ def torch_gpt(torch, c):
 
         def forward(self, idx, targets):
             t = self.transformer
-            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
+            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
             for block in t.h:
                 x = block(x)
             logits = self.lm_head(t.ln_f(x))
