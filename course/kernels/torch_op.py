@@ -17,7 +17,8 @@ the data. A CPU tensor's `.numpy()` is an array over the tensor's own memory, an
 is a tensor over the array's; a CUDA tensor is handed to numba with `cuda.as_cuda_array`, which
 reads its address through the CUDA array interface, and the kernel writes straight into a tensor
 PyTorch allocated, on PyTorch's current stream. The backward is a second operator on the same
-kernels, `dx = s * (g - <g, s>)` row by row.
+kernels, `dx = s * (g - <g, s>)` row by row. (CUDA tensors on the GPU numba uses, its current
+device: with several GPUs, PyTorch's and numba's current devices must be the same one.)
 
 PyTorch is optional for the course, so this module imports it only when an operator is first
 asked for: `HAS_TORCH` says whether it is installed, and `operators()` (called by `softmax` and
@@ -33,7 +34,7 @@ import importlib.util
 import math
 
 from . import cpu
-from ._backend import backend, cuda
+from ._backend import backend, backend_reason, cuda
 from .launch import THREADS_PER_BLOCK, launch
 from .rows import softmax_backward_kernel, softmax_kernel
 
@@ -59,10 +60,9 @@ def _check(x, name):
         if x.dtype != torch.float32:
             raise TypeError(f"{name}: the CUDA kernels take float32 tensors (the GPU's fast type), got {x.dtype}: "
                             f"pass x.float()")
-        if not cuda_ready():
-            raise RuntimeError(f"{name}: a CUDA tensor, but numba runs CUDA kernels on {backend()} "
-                               f"({'COURSE_CUDA=simulator' if backend() == 'simulator' else 'no GPU'}): "
-                               f"restart without COURSE_CUDA=simulator, with numba-cuda able to see the GPU")
+        if backend() != "gpu":  # the simulator's arrays live in host memory: it cannot read PyTorch's GPU memory
+            raise RuntimeError(f"{name}: a CUDA tensor, but the course's CUDA kernels run on the simulator here "
+                               f"({backend_reason()})")
     elif x.device.type in ("cpu", "meta"):  # meta: a tensor with no data, to learn the output's shape
         if x.dtype not in (torch.float32, torch.float64):
             raise TypeError(f"{name}: the CPU kernels take float32 or float64 tensors, got {x.dtype}: pass x.float()")
