@@ -1,5 +1,8 @@
 """The course's softmax kernel as a PyTorch operator: opcheck, gradients, a model, bad input, CUDA."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -178,3 +181,14 @@ def test_cuda_runs_on_torch_current_stream():
         y = torch_op.softmax(big)
     stream.synchronize()
     torch.testing.assert_close(y, torch.softmax(x * 2, dim=-1))
+
+
+def test_importing_the_module_does_not_import_torch():
+    code = "import sys, course.kernels.torch_op as t; assert t.HAS_TORCH; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_without_torch_asking_for_the_operators_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(torch_op, "HAS_TORCH", False)
+    with pytest.raises(ImportError, match="pip install torch"):
+        torch_op.operators.__wrapped__()
