@@ -289,6 +289,7 @@ SOLUTION_ARGS = {
     "block_sum_by_shuffles": (f32(37), f32(2)),
     "total_by_warps": (f32(37), f32(1)),
     "transpose_tiles": (f32(40, 33), f32(33, 40)),
+    "matmul_register_step": (f32(17, 9), f32(9, 20), f32(17, 20)),
 }
 SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 

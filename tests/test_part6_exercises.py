@@ -1099,6 +1099,81 @@ def transpose_tiles_no_barrier(x, out):
             out[row, col] = tile[tx, r]
 
 
+BM, BN, BK, TM, TN = 16, 16, 4, 4, 4  # 6.3.6
+THREADS = (BM // TM) * (BN // TN)
+
+
+def _register_kernel(step):
+    """The exercise's kernel around an inner step `step(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty)`."""
+    @cuda.jit
+    def kernel(a, b, c):
+        tile_a = cuda.shared.array((BK, BM), float32)
+        tile_b = cuda.shared.array((BK, BN), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        t = ty * (BN // TN) + tx
+        row0, col0 = cuda.blockIdx.y * BM, cuda.blockIdx.x * BN
+        m, k, n = a.shape[0], a.shape[1], b.shape[1]
+        acc = cuda.local.array((TM, TN), float32)
+        a_reg = cuda.local.array(TM, float32)
+        b_reg = cuda.local.array(TN, float32)
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0
+        for start in range(0, k, BK):
+            for s in range(BM * BK // THREADS):
+                e = t + s * THREADS
+                r, q = e // BK, e % BK
+                tile_a[q, r] = a[row0 + r, start + q] if row0 + r < m and start + q < k else 0
+            for s in range(BK * BN // THREADS):
+                e = t + s * THREADS
+                r, q = e // BN, e % BN
+                tile_b[r, q] = b[start + r, col0 + q] if start + r < k and col0 + q < n else 0
+            cuda.syncthreads()
+            for p in range(BK):
+                step(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty)
+            cuda.syncthreads()
+        for i in range(TM):
+            for j in range(TN):
+                row, col = row0 + ty + i * (BM // TM), col0 + tx + j * (BN // TN)
+                if row < m and col < n:
+                    c[row, col] = acc[i, j]
+    return kernel
+
+
+@cuda.jit(device=True)
+def _outer_product(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
+    for i in range(TM):
+        a_reg[i] = tile_a[p, ty + i * (BM // TM)]
+    for j in range(TN):
+        b_reg[j] = tile_b[p, tx + j * (BN // TN)]
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] += a_reg[i] * b_reg[j]
+
+
+@cuda.jit(device=True)
+def _from_shared(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] += tile_a[p, ty + i * (BM // TM)] * tile_b[p, tx + j * (BN // TN)]
+
+
+@cuda.jit(device=True)
+def _contiguous_rows(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
+    for i in range(TM):
+        a_reg[i] = tile_a[p, ty * TM + i]  # not the rows the final write uses
+    for j in range(TN):
+        b_reg[j] = tile_b[p, tx + j * (BN // TN)]
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] += a_reg[i] * b_reg[j]
+
+
+matmul_register_step = _register_kernel(_outer_product)
+matmul_register_from_shared = _register_kernel(_from_shared)
+matmul_register_contiguous_rows = _register_kernel(_contiguous_rows)
+
+
 def _nvvm():
     from course.kernels import compile as gpu
     return gpu.available()
@@ -1131,6 +1206,8 @@ CASES = [
     ("6.2.3", rms_norm_rows, rms_norm_no_barrier, "a missing barrier"),
     ("6.2.3", rms_norm_rows, rms_norm_one_column_per_thread, "element (0, 32) of out was never written"),
     ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
+    ("6.3.6", matmul_register_step, matmul_register_from_shared, "read shared memory 128 times, where reading each number it needs once takes 32"),
+    ("6.3.6", matmul_register_step, matmul_register_contiguous_rows, "expected c"),
     ("6.3.1", matmul_bt, matmul_bt_not_transposed, "out of bounds"),
     ("6.3.1", matmul_bt, matmul_bt_guard_off_by_one, "out of bounds"),
     ("6.3.1", matmul_bt, matmul_bt_row_from_x, "element (4, 0) of c was never written"),

@@ -721,6 +721,34 @@ def _(candidate, rng):
                             f"write neighbouring numbers of out")
 
 
+# 6.3.6: the 2-D register-blocked kernel of section 9, with the tiles the exercise cell defines
+BM, BN, BK, TM, TN = 16, 16, 4, 4, 4
+REGISTER_BLOCK = (BN // TN, BM // TM)  # 4 x 4 threads, each a 4 x 4 block of C
+
+
+@exercise("6.3.6", hint="for each p of the tile, copy the thread's TM numbers of row p of tile_a (A's tile is "
+                        "transposed) into a_reg and its TN numbers of row p of tile_b into b_reg, at the rows and "
+                        "columns the final write uses; then every acc[i, j] gains a_reg[i] * b_reg[j]",
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul"],
+          task="multiply from registers")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    cases = [(5, 3, 7), (16, 4, 16), (17, 9, 20), (1, 1, 1), (33, 6, 18),
+             (int(rng.integers(1, 40)), int(rng.integers(1, 12)), int(rng.integers(1, 40)))]
+    for m, k, n in cases:
+        a, b = _f32(m, k, rng=rng), _f32(k, n, rng=rng)
+        c = np.zeros((m, n), np.float32)
+        grid = (-(-n // BN), -(-m // BM))
+        on = f"a of shape {(m, k)}, b of shape {(k, n)}, a grid of {grid} blocks of {REGISTER_BLOCK} threads"
+        report = _run(candidate, grid, REGISTER_BLOCK, (a, b, c), on, outputs=(2,))
+        expect_close(c, a.astype(np.float64) @ b.astype(np.float64), on=on, rtol=1e-4, atol=1e-5, what="c")
+        allowed = -(-k // BK) * BK * (TM + TN)  # per tile and p: a column of A's tile and a row of B's, once
+        reads = int(report.per_thread("shared", "read").max())
+        expect(reads <= allowed, f"a thread of your kernel read shared memory {reads} times, where reading each "
+                                 f"number it needs once takes {allowed}, on {on}: each number read from a tile "
+                                 f"should serve several multiply-adds from a register")
+
+
 def _scan_reference(u, delta, A, B, C, D):
     """mamba-minimal's selective scan, step by step in float64."""
     b, l, d = u.shape
