@@ -253,6 +253,7 @@ SOLUTION_ARGS = {
     "transpose_tiles": (f32(40, 33), f32(33, 40)),
     "zip_add_kernel": (f32(12), (1, 1, 3, 4), f32(6), 0, (0, 0, 1, 0), f32(4), 0, (0, 0, 0, 1)),
     "embedding_backward_kernel": (f32(4, 5), np.array([1, 3, 1, 0, 3, 3]), f32(6, 5)),
+    "sum_axis_kernel": (f32(4), (1, 1, 3, 4), f32(12), 0, (0, 0, 4, 1), 2),
 }
 SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 

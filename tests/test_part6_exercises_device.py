@@ -10,6 +10,8 @@ import known_wrong
 from course.exercises import check
 from course.kernels import cuda
 
+from numba import float32, int64  # noqa: E402  (after course.kernels, which chooses the CUDA backend)
+
 pytestmark = pytest.mark.part6
 
 
@@ -171,19 +173,147 @@ def embedding_backward_ignores_idx(grad_table, idx, grad_out):
         cuda.atomic.add(grad_table, (t, j), grad_out[t, j])
 
 
-RIGHT = {"6.6.1": zip_add_kernel, "6.6.2": embedding_backward_kernel}
+# ===== 6.6.3 a sum along one axis ============================================================================
+
+
+@cuda.jit
+def sum_axis_kernel(out, shape, a, a_offset, a_strides, axis):
+    i = cuda.grid(1)
+    while i < out.size:
+        rest, pa = i, a_offset
+        for d in range(3, -1, -1):  # out has a's shape with shape[axis] = 1: skip that axis
+            if d != axis:
+                pa += (rest % shape[d]) * a_strides[d]
+                rest //= shape[d]
+        total = float32(0)
+        for k in range(shape[axis]):
+            total += a[pa + k * a_strides[axis]]
+        out[i] = total
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def sum_axis_by_index(out, shape, a, a_offset, a_strides, axis):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        index = cuda.local.array(4, int64)
+        rest = i
+        for d in range(3, -1, -1):
+            n = 1 if d == axis else shape[d]
+            index[d] = rest % n
+            rest //= n
+        total = float32(0)
+        for k in range(shape[axis]):
+            index[axis] = k
+            p = a_offset
+            for d in range(4):
+                p += index[d] * a_strides[d]
+            total += a[p]
+        out[i] = total
+
+
+@cuda.jit
+def sum_axis_ignores_strides(out, shape, a, a_offset, a_strides, axis):
+    i = cuda.grid(1)
+    while i < out.size:
+        rest, pa, step = i, a_offset, 1
+        contiguous = cuda.local.array(4, int64)
+        for d in range(3, -1, -1):  # the strides a would have if it were contiguous
+            contiguous[d] = step
+            step *= shape[d]
+        for d in range(3, -1, -1):
+            if d != axis:
+                pa += (rest % shape[d]) * contiguous[d]
+                rest //= shape[d]
+        total = float32(0)
+        for k in range(shape[axis]):
+            total += a[pa + k * contiguous[axis]]
+        out[i] = total
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def sum_axis_wrong_axis(out, shape, a, a_offset, a_strides, axis):
+    i = cuda.grid(1)
+    axis = 3 if axis == 2 else 2  # the other of the last two axes
+    while i < out.size:
+        rest, pa = i, a_offset
+        for d in range(3, -1, -1):
+            if d != axis:
+                pa += (rest % shape[d]) * a_strides[d]
+                rest //= shape[d]
+        total = float32(0)
+        for k in range(shape[axis]):
+            total += a[pa + k * a_strides[axis]]
+        out[i] = total
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def sum_axis_no_offset(out, shape, a, a_offset, a_strides, axis):
+    i = cuda.grid(1)
+    while i < out.size:
+        rest, pa = i, 0
+        for d in range(3, -1, -1):
+            if d != axis:
+                pa += (rest % shape[d]) * a_strides[d]
+                rest //= shape[d]
+        total = float32(0)
+        for k in range(shape[axis]):
+            total += a[pa + k * a_strides[axis]]
+        out[i] = total
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def sum_axis_per_input_atomic(out, shape, a, a_offset, a_strides, axis):
+    j = cuda.grid(1)  # one thread per number of a, adding it into its place in out
+    size = shape[0] * shape[1] * shape[2] * shape[3]
+    while j < size:
+        rest, pa, po, step = j, a_offset, 0, 1
+        for d in range(3, -1, -1):
+            k = rest % shape[d]
+            rest //= shape[d]
+            pa += k * a_strides[d]
+            if d != axis:
+                po += k * step
+                step *= shape[d]
+        cuda.atomic.add(out, po, a[pa])
+        j += cuda.gridsize(1)
+
+
+@cuda.jit
+def sum_axis_no_grid_stride(out, shape, a, a_offset, a_strides, axis):
+    i = cuda.grid(1)
+    if i < out.size:
+        rest, pa = i, a_offset
+        for d in range(3, -1, -1):
+            if d != axis:
+                pa += (rest % shape[d]) * a_strides[d]
+                rest //= shape[d]
+        total = float32(0)
+        for k in range(shape[axis]):
+            total += a[pa + k * a_strides[axis]]
+        out[i] = total
+
+
+RIGHT = {"6.6.1": zip_add_kernel, "6.6.2": embedding_backward_kernel, "6.6.3": sum_axis_kernel}
 
 KNOWN_WRONG = {
     "6.6.1": [(zip_add_contiguous, ["past the end of a", "offset and the strides"]),
               (zip_add_no_offset, ["add its offset"]),
               (zip_add_axes_reversed, ["last axis varies fastest"]),
               (zip_add_no_guard, ["wrote out[", "add a guard"]),
-              (zip_add_one_element_per_thread, ["never written", "more than one element"]),
+              (zip_add_one_element_per_thread, ["never written", "each thread must do more than one"]),
               (zip_add_times, ["expected out"])],
     "6.6.2": [(embedding_backward_plain_add, ["plain read and write", "loses updates", "atomic"]),
               (embedding_backward_written, ["holds only one of them", "add into grad_table"]),
               (embedding_backward_no_guard, ["out of bounds", "add a guard"]),
               (embedding_backward_ignores_idx, ["belongs to the row of its token"])],
+    "6.6.3": [(sum_axis_ignores_strides, ["use its strides"]),
+              (sum_axis_wrong_axis, ["that is the sum along axis 3, not along axis 2"]),
+              (sum_axis_no_offset, ["add its offset"]),
+              (sum_axis_per_input_atomic, ["before any thread wrote it", "local variable"]),
+              (sum_axis_no_grid_stride, ["never written", "each thread must do more than one"])],
 }
 
 
@@ -200,7 +330,8 @@ def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
 
 
 @pytest.mark.parametrize("exercise_id,candidate", [("6.6.1", zip_add_unrolled),
-                                                   ("6.6.2", embedding_backward_strided)])
+                                                   ("6.6.2", embedding_backward_strided),
+                                                   ("6.6.3", sum_axis_by_index)])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate):
     result = check(exercise_id, candidate)
     assert result.status == "passed", result.message

@@ -110,39 +110,46 @@ def _(candidate, rng):
         on = (f"{_describe_operand('a', a_shape, transposed, offset)} + b of shape {b_shape} -> out of shape "
               f"{out_shape} (shape={shape}, a_offset={a_off}, a_strides={a_str}, b_offset={b_off}, "
               f"b_strides={b_str}), {blocks} block(s) of {threads} threads")
-        args = (out, shape, a_buf, a_off, a_str, b_buf, b_off, b_str)
-        report = _p6._trace(candidate, blocks, threads, *args, on=on)
-        _zip_bounds(report, size, on)
-        _p6._races(report, on)
-        missing = np.argwhere(report.unwritten("out")).ravel()
-        if len(missing):
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            if blocks * threads < size:
-                raise CheckFailed(f"element {missing[0]} of out was never written{more} on {on}: the grid has "
-                                  f"{blocks * threads} threads for {size} elements, so each thread must do "
-                                  f"more than one element")
-            raise CheckFailed(f"element {missing[0]} of out was never written{more} on {on}")
+        _run_strided(candidate, blocks, threads, (out, shape, a_buf, a_off, a_str, b_buf, b_off, b_str), on)
         expected = (a_view + b_view).ravel()
         if not np.array_equal(out, expected):
             _zip_diagnose(out, expected, a_buf, a_off, a_str, b_buf, b_off, b_str, shape, on)
             expect_close(out, expected, on=on, rtol=0, atol=0, what="out")
 
 
-def _zip_bounds(report, size, on):
-    """A write past the end of out is a missing guard; a read past an operand's end is an element
-    looked up in the wrong place."""
-    if not report.out_of_bounds:
-        return
-    writes = [o for o in report.out_of_bounds if o.array == "out" or o.kind != "read"]
-    o = writes[0] if writes else report.out_of_bounds[0]
-    who = _p6._thread(report, o.block, o.thread)
-    if writes:
-        raise CheckFailed(f"{who} wrote {o.array}[{o.index[0]}], past the end of {o.array} (length {o.shape[0]}) on "
-                          f"{on}: the grid is rounded up to whole blocks, so some threads have no element: add "
-                          f"a guard")
-    raise CheckFailed(f"{who} read {o.array}[{', '.join(map(str, o.index))}], past the end of {o.array} "
-                      f"(length {o.shape[0]}) on {on}: element i of out is not element i of {o.array}; "
-                      f"find where it lies from the offset and the strides")
+def _run_strided(candidate, blocks, threads, args, on):
+    """Trace a kernel whose first argument is its contiguous output (filled with nan first, the
+    garbage of a GPU), and fail on the first of: a write past the end of the output (a missing
+    guard), a read past the end of an operand (an element looked up in the wrong place), a barrier
+    or warp misuse, a race, an output read before it was written, an output number never written."""
+    out = args[0]
+    out[...] = np.nan
+    report = _p6._trace(candidate, blocks, threads, *args, on=on)
+    name = _p6._params(candidate)[0]
+    if report.out_of_bounds:
+        writes = [o for o in report.out_of_bounds if o.array == name or o.kind != "read"]
+        o = writes[0] if writes else report.out_of_bounds[0]
+        who = _p6._thread(report, o.block, o.thread)
+        if writes:
+            raise CheckFailed(f"{who} wrote {o.array}[{o.index[0]}], past the end of {o.array} (length "
+                              f"{o.shape[0]}) on {on}: the grid is rounded up to whole blocks, so some threads have "
+                              f"no number to write: add a guard")
+        raise CheckFailed(f"{who} read {o.array}[{', '.join(map(str, o.index))}], past the end of {o.array} "
+                          f"(length {o.shape[0]}) on {on}: number i of {name} is not number i of {o.array}; "
+                          f"find where it lies from the offset and the strides")
+    _p6._barriers(report, on)
+    _p6._warps(report, on)
+    _p6._races(report, on)
+    _p6._outputs_read_first(report, [name], on)
+    missing = np.argwhere(report.unwritten(name)).ravel()
+    if len(missing):
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        few = ""
+        if blocks * threads < out.size:
+            few = (f": the grid has {blocks * threads} threads for {out.size} numbers, so each thread must do "
+                   f"more than one")
+        raise CheckFailed(f"number {missing[0]} of {name} was never written{more} on {on}{few}")
+    return report
 
 
 def _zip_diagnose(out, expected, a_buf, a_off, a_str, b_buf, b_off, b_str, shape, on):
@@ -256,3 +263,74 @@ def _embedding_diagnose(got, expected, idx, grad_out, on):
     if np.array_equal(got, in_order):
         raise CheckFailed(f"grad_table holds the rows of grad_out in their order, on {on}: row k of grad_out "
                           f"belongs to the row of its token, idx[k]")
+
+
+# ===== 6.6.3 a sum along one axis, read through strides ====================================================
+
+
+def _sum_cases(rng):
+    # (a's shape, transposed?, offset, the axis summed in a's own axes, blocks, threads): down the
+    # columns of a square (where the wrong axis gives a result of the right size), along the rows, the middle axis, a transposed view, an offset, a grid smaller than out
+    cases = [((4, 4), False, 0, 0, 1, 8),
+             ((3, 4), False, 0, 0, 1, 8),
+             ((3, 4), False, 0, 1, 1, 8),
+             ((2, 3, 4), False, 0, 1, 1, 16),
+             ((4, 3), True, 0, 0, 1, 8),
+             ((2, 5), False, 3, 1, 1, 4),
+             ((2, 3, 5), True, 1, 2, 2, 4),
+             ((3, 2, 2, 3), False, 0, 3, 1, 8)]
+    shape = tuple(int(v) for v in rng.integers(1, 5, size=3))
+    cases.append((shape, bool(rng.integers(2)), int(rng.integers(0, 3)), int(rng.integers(0, 3)), 1, 8))
+    return cases
+
+
+def _sum_reference(a_buf, a_off, a_str, shape, axis):
+    """The sum along `axis` (keeping it, as 1) of the view (offset, strides) of a_buf, laid out flat."""
+    kept = list(shape)
+    kept[axis] = 1
+    out = np.zeros(kept, np.float64)
+    for index in np.ndindex(*shape):
+        out[tuple(i if d != axis else 0 for d, i in enumerate(index))] += a_buf[
+            a_off + sum(i * s for i, s in zip(index, a_str))]
+    return out.ravel()
+
+
+@exercise("6.6.3", hint="one thread per number of out, each adding up its own line of a in a local "
+                        "variable: out has a's shape with the summed axis of length 1, so its index i "
+                        "gives one index per other axis (the last axis fastest); the numbers to add lie "
+                        "at a_offset + the sum of index * stride, plus k * a_strides[axis] for k along "
+                        "the axis")
+def _(candidate, rng):
+    _refuse_library(candidate)
+    for a_shape, transposed, offset, own_axis, blocks, threads in _sum_cases(rng):
+        a_buf, a_view = _operand(a_shape, a_shape, rng, transposed, offset)
+        a_off, a_str = _layout(a_view, a_buf)
+        shape = _padded(a_shape)
+        axis = AXES - len(a_shape) + own_axis
+        size = int(np.prod(a_shape)) // a_shape[own_axis]
+        out = np.zeros(size, np.float32)
+        on = (f"{_describe_operand('a', a_shape, transposed, offset)} summed along its axis {own_axis} "
+              f"(shape={shape}, a_offset={a_off}, a_strides={a_str}, axis={axis}), out of {size} numbers, "
+              f"{blocks} block(s) of {threads} threads")
+        _run_strided(candidate, blocks, threads, (out, shape, a_buf, a_off, a_str, axis), on)
+        expected = a_view.astype(np.float64).sum(axis=own_axis).ravel()
+        if not np.allclose(out, expected, rtol=0, atol=0):
+            _sum_diagnose(out, expected, a_buf, a_off, a_str, shape, axis, on)
+            expect_close(out, expected, on=on, rtol=0, atol=0, what="out")
+
+
+def _sum_diagnose(out, expected, a_buf, a_off, a_str, shape, axis, on):
+    for other in range(AXES):
+        if other != axis and shape[other] > 1 and shape[other] == shape[axis]:
+            if np.array_equal(out, _sum_reference(a_buf, a_off, a_str, shape, other)):
+                raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: that is the sum "
+                                  f"along axis {other}, not along axis {axis}")
+    if a_off and np.array_equal(out, _sum_reference(a_buf, 0, a_str, shape, axis)):
+        raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: a does not start "
+                          f"at the beginning of its buffer: add its offset")
+    contiguous = tuple(int(np.prod(shape[d + 1:])) for d in range(AXES))
+    if a_str != contiguous and a_off + int(np.prod(shape)) <= a_buf.size and np.array_equal(
+            out, _sum_reference(a_buf, a_off, contiguous, shape, axis)):
+        raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: you read a as if "
+                          f"its numbers lay one after the other in its shape's order; a transposed view does not: "
+                          f"use its strides")
