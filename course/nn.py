@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .tensor import Tensor
+from .tensor import device as _device
 from .tensor import functional as F
 
 
@@ -87,9 +88,27 @@ class Module:
     def eval(self):
         return self.train(False)
 
+    def to(self, device):
+        """Move every parameter, and its gradient, to `device` ("cpu" or "cuda"), in place; returns
+        the module. An optimizer made afterwards keeps its state there too."""
+        if device != "cpu":
+            _device.get(device)  # an unknown device is named before anything moves
+        for p in self.parameters():
+            p.data = _device.move(p.data, device)
+            if p.grad is not None:
+                p.grad = _device.move(p.grad, device)
+        return self
+
+    @property
+    def device(self):
+        """Where the parameters live (that of the first; "cpu" for a module without any)."""
+        params = self.parameters()
+        return params[0].device if params else "cpu"
+
     def state_dict(self):
-        """Name -> a copy of the parameter's array."""
-        return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters())
+        """Name -> a copy of the parameter's array, as a NumPy array (copied from the device if there)."""
+        return OrderedDict((name, p.data.copy() if p.device == "cpu" else p.numpy())
+                           for name, p in self.named_parameters())
 
     def load_state_dict(self, state, strict=True):
         """Copy arrays into the parameters by name. With strict=True every name must match both ways.
@@ -112,7 +131,7 @@ class Module:
             raise ValueError(f"load_state_dict into {type(self).__name__}: " + " | ".join(problems))
         for name, p in params.items():
             if name in state:
-                p.data = np.array(state[name], dtype=p.data.dtype)
+                p.data = _device.move(np.array(state[name], dtype=p.data.dtype), p.device)
         return self
 
     def num_parameters(self):

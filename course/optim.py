@@ -61,7 +61,7 @@ class SGD(Optimizer):
             grad = grad + group["weight_decay"] * p.data
         if group["momentum"]:
             if "velocity" not in state:
-                state["velocity"] = np.array(grad, dtype=p.data.dtype)
+                state["velocity"] = grad.astype(p.data.dtype)  # a copy, on the parameter's device
             else:
                 state["velocity"] *= group["momentum"]
                 state["velocity"] += grad

@@ -167,6 +167,34 @@ def _library_calls():
 
     fused_cuda.attention(f32(2, 5, 4), f32(2, 5, 4, seed=1), f32(2, 5, 4, seed=2), causal=True)
     fused_cuda.cross_entropy(f32(3, 7), np.array([1, 6, 0]), ignore_index=6)
+    _device_calls()
+
+
+def _device_calls():
+    """Tensors on "cuda": every primitive function once, then a GPT and a Mamba training step
+    (dropout, both optimizers) launch the device's own kernels."""
+    from course.gpt import GPT, GPTConfig
+    from course.kernels import primitives
+    from course.kernels.device import CudaArray, to_device
+    from course.mamba import Mamba, MambaConfig
+    from course.optim import SGD, AdamW, clip_grad_norm_
+
+    a, c = to_device(f32(3, 4)), to_device(np.abs(f32(3, 4, seed=1)) + 0.5)
+    for name, (arity, _) in primitives.FUNCTIONS.items():
+        primitives.elementwise(name, CudaArray.empty((3, 4)), [a, c, a][:arity] if name != "where" else [a > 0, a, 1.5])
+    to_device(f32(2, primitives.LONG_ROW + 3)).sum(axis=1)  # the one-block-per-row reduction
+    (to_device(f32(2, 3)).astype(np.float64) @ to_device(f32(3, 2)).astype(np.float64))  # the generic matmul
+    rng = np.random.default_rng(0)
+    gpt = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.1)).to("cuda")
+    _, loss = gpt(rng.integers(0, 11, (2, 4)), rng.integers(0, 11, (2, 4)))
+    loss.backward()
+    clip_grad_norm_(gpt.parameters(), 1.0)
+    AdamW(gpt.parameters()).step()
+    mamba = Mamba(MambaConfig(d_model=8, n_layer=1, vocab_size=11, d_state=4, d_conv=3)).to("cuda")
+    import course.tensor.functional as F
+
+    F.cross_entropy(mamba(rng.integers(0, 11, (2, 4))), rng.integers(0, 11, (2, 4))).backward()
+    SGD(mamba.parameters(), lr=0.1, momentum=0.9).step()
 
 
 def _library_modules():

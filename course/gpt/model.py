@@ -23,6 +23,7 @@ from .. import nn
 from ..sampling import check_generation, sample_next, top_k_filter  # noqa: F401  (shared with Mamba; public here as before)
 from ..tensor import Tensor, no_grad
 from ..tensor import functional as F
+from ..tensor import device as _device
 
 __all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "MLP", "KVCache"]
 
@@ -261,7 +262,9 @@ class GPT(nn.Module):
 
     # ----- the forward pass --------------------------------------------------------------------
     def _check_idx(self, idx, start=0, check_length=True):
-        idx = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        if not _device.is_array(idx):
+            idx = np.asarray(idx)
         if idx.ndim != 2:
             raise ValueError(f"GPT: idx must be a 2-D array of token ids (batch, time), got shape {idx.shape}")
         if idx.size and not np.issubdtype(idx.dtype, np.integer):
@@ -272,6 +275,12 @@ class GPT(nn.Module):
             raise ValueError(f"GPT: {what} is longer than block_size {self.config.block_size}: "
                              f"crop it to the last {self.config.block_size} tokens")
         V = self.config.vocab_size
+        if not isinstance(idx, np.ndarray):  # ids already on a device: checked by the range they came with
+            low, high = getattr(idx, "known_range", None) or (0, 0)
+            if low < 0 or high >= V:
+                raise ValueError(f"GPT: token id {low if low < 0 else high} is out of range for vocab_size {V} "
+                                 f"(ids go from 0 to {V - 1})")
+            return idx.astype(np.int64, copy=False)
         bad = (idx < 0) | (idx >= V)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -284,8 +293,11 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         idx = self._check_idx(idx, start)
         t = self.transformer
-        pos = np.arange(start, start + idx.shape[1])
-        x = t.drop(t.wte(idx) + t.wpe(pos))  # (B, T, C) + (T, C): each position adds its own vector
+        if t.wpe.weight.device == "cpu":
+            positions = t.wpe(np.arange(start, start + idx.shape[1]))
+        else:  # on a device, the positions' rows as a slice of the table: a lookup would copy the numbers there first
+            positions = t.wpe.weight[start:start + idx.shape[1]]
+        x = t.drop(t.wte(idx) + positions)  # (B, T, C) + (T, C): each position adds its own vector
         for i, block in enumerate(t.h):
             x = block(x, cache, i)
         if cache is not None:
@@ -298,7 +310,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.hidden(idx))
         loss = None
         if targets is not None:
-            t = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+            t = targets.data if isinstance(targets, Tensor) else targets
+            t = t if _device.is_array(t) else np.asarray(t)
             if t.shape != logits.shape[:2]:
                 raise ValueError(f"GPT: targets of shape {t.shape} must match idx of shape {logits.shape[:2]}")
             loss = F.cross_entropy(logits, t, ignore_index=-1)

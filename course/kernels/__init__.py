@@ -11,6 +11,9 @@
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels
         logits, loss = model(x, y)
     K.launches()                        # {kernel name: launches} since reset_launches()
+    t = tensor.to("cuda")               # tensors that live on the GPU (course.kernels.device):
+    model.to("cuda")                    # every operation a kernel, nothing copied but what you ask
+    K.transfers()                       # host <-> device copies since reset_transfers()
     report = K.trace(kernel, griddim, blockdim, *args)   # who touched what; races; missing guards;
                                         # unwritten shared memory, partial barriers, warp misuse;
                                         # per-thread counts, bank conflicts, transactions
@@ -23,6 +26,7 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
 from . import cpu, fused, fused_cuda, ops
+from .device import CudaArray, reset_transfers, transfers
 from .fused_cuda import attention_kernel, cross_entropy_kernel
 from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
@@ -34,7 +38,8 @@ from .rows import (layer_norm, layer_norm_backward, layer_norm_kernel, softmax, 
 from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_scan_kernel
 from .trace import TraceReport, trace
 
-__all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "attention_kernel", "cross_entropy_kernel", "use_kernels", "DEVICES",
+__all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "CudaArray", "transfers",
+           "reset_transfers", "attention_kernel", "cross_entropy_kernel", "use_kernels", "DEVICES",
            "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
            "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
            "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",

@@ -170,7 +170,7 @@ class MambaBlock(nn.Module):
         r, n = c.dt_rank, c.d_state
         A = -self.A_log.exp()
         if not c.selective:  # the same delta, B and C at every position, whatever the input
-            ones = Tensor(np.ones(u.shape[:2] + (1,), dtype=u.dtype))  # (b, l, 1): broadcast over time
+            ones = Tensor(np.ones_like(u.data, shape=u.shape[:2] + (1,)))  # (b, l, 1), on u's device: broadcast over time
             return ones * F.softplus(self.dt_bias), A, ones * self.B, ones * self.C
         x_dbl = self.x_proj(u)  # (b, l, dt_rank + 2n): one matrix product, then cut in three
         delta = F.softplus(self.dt_proj(x_dbl[..., :r]))

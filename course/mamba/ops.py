@@ -69,7 +69,7 @@ def causal_conv1d(x, weight, bias=None):
                          f"expected x (b, l, d), weight (d, 1, k) or (d, k), bias (d,)")
     b, l, d = x.shape
     k = w.shape[1]
-    xp = np.concatenate([np.zeros((b, k - 1, d), dtype=x.dtype), x.data], axis=1)  # k-1 zeros before t=0
+    xp = np.concatenate([np.zeros_like(x.data, shape=(b, k - 1, d)), x.data], axis=1)  # k-1 zeros before t=0
     y = xp[:, k - 1:] * w[:, k - 1] if bias is None else xp[:, k - 1:] * w[:, k - 1] + bias.data
     for j in range(k - 1):  # tap j looks k-1-j steps back
         y += xp[:, j:j + l] * w[:, j]
@@ -78,7 +78,7 @@ def causal_conv1d(x, weight, bias=None):
         gx = gw = gb = None
         if x.requires_grad:
             # Each input position feeds k outputs (itself and the k-1 after it), with the same taps.
-            gp = np.concatenate([g, np.zeros((b, k - 1, d), dtype=g.dtype)], axis=1)
+            gp = np.concatenate([g, np.zeros_like(g, shape=(b, k - 1, d))], axis=1)
             gx = g * w[:, k - 1]
             for j in range(k - 1):
                 gx = gx + gp[:, k - 1 - j:k - 1 - j + l] * w[:, j]

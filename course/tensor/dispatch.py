@@ -12,10 +12,17 @@ every call of `softmax` goes to `my_softmax` instead (same arguments, same resul
 GPT and Mamba on its GPU and CPU kernels this way, without changing a line of either model.
 
 A replacement may hand a call it does not support back to the NumPy version, `fn.default`.
+
+Devices come first: a call whose tensors live on another device than "cpu" (part 6's "cuda") runs
+that device's own implementation where it has one (`course.tensor.device`), and otherwise the NumPy
+version, whose array expressions then run on the device's arrays. Tensors of two devices in one
+call are an error naming the operation and both devices. Overrides apply to tensors on the CPU.
 """
 
 import functools
 from contextlib import contextmanager
+
+from . import device as _device
 
 _registry = {}  # name -> the dispatching function
 _active = {}  # name -> the implementation swapped in, for names that have one
@@ -29,12 +36,47 @@ def dispatchable(fn):
 
     @functools.wraps(fn)
     def dispatch(*args, **kwargs):
-        impl = _active.get(name)
+        where = _device_of(name, args, kwargs)
+        if where != "cpu":
+            impl = _device.implementation(where, name)
+        else:
+            impl = _active.get(name)
         return fn(*args, **kwargs) if impl is None else impl(*args, **kwargs)
 
     dispatch.default = fn  # the NumPy implementation, whatever is swapped in
     _registry[name] = dispatch
     return dispatch
+
+
+def _device_of(name, args, kwargs):
+    """The one device of the tensors among the arguments (in lists too; the parameters of an
+    optimizer); "cpu" when there are none."""
+    found = None
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else _parameters_of(value)
+        for item in items:
+            if not hasattr(item, "requires_grad"):  # only tensors: index arrays may come from the host
+                continue
+            here = item.device
+            if here == found or not _counts(item):
+                continue
+            if found is None:
+                found = here
+            else:
+                raise _device.mismatch(name, (found, here))
+    return found or "cpu"
+
+
+def _parameters_of(value):
+    groups = getattr(value, "param_groups", None)  # an optimizer: its parameters' device
+    if groups is not None:
+        return [p for g in groups for p in g["params"]]
+    return (value,)
+
+
+def _counts(t):
+    """A 0-d tensor on the CPU is a number: it may join a tensor on any device (as in PyTorch)."""
+    return not (t.device == "cpu" and getattr(t, "ndim", 1) == 0)
 
 
 def names():

@@ -9,6 +9,7 @@ part 6 can swap its kernels in for them (see `course.tensor.dispatch`).
 
 import numpy as np
 
+from .device import is_array
 from .dispatch import dispatchable
 from .tensor import Tensor, operation, unbroadcast
 
@@ -205,6 +206,7 @@ def add_layer_norm(x, y, weight, bias, eps=1e-5):
     return total, layer_norm(total, weight, bias, eps)
 
 
+@dispatchable
 def embedding(indices, weight):
     """Rows of `weight` picked by integer `indices`: the result has shape indices.shape + (dim,)."""
     idx = np.asarray(indices.data if isinstance(indices, Tensor) else indices)
@@ -224,10 +226,16 @@ def embedding(indices, weight):
 
 
 # ----- selection and joining -------------------------------------------------------------------
+def _bool_array(mask):
+    """A mask as booleans, where it lives (a device's array stays on its device)."""
+    m = mask.data if isinstance(mask, Tensor) else mask
+    return m.astype(bool, copy=False) if is_array(m) and not isinstance(m, np.ndarray) else np.asarray(m, dtype=bool)
+
+
 def masked_fill(x, mask, value):
     """`x` with `value` wherever `mask` is True (the mask broadcasts against x)."""
     _need_tensor(x, "masked_fill")
-    m = np.asarray(mask.data if isinstance(mask, Tensor) else mask, dtype=bool)
+    m = _bool_array(mask)
     try:
         data = np.where(m, np.asarray(value, dtype=x.dtype), x.data)
     except ValueError:
@@ -239,7 +247,7 @@ def masked_fill(x, mask, value):
 
 def where(condition, a, b):
     """Elementwise `a` where `condition` is True, else `b` (numbers or tensors, broadcasting)."""
-    c = np.asarray(condition.data if isinstance(condition, Tensor) else condition, dtype=bool)
+    c = _bool_array(condition)
     like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
     a, b = _tensor(a, like), _tensor(b, like)
     try:
@@ -277,6 +285,7 @@ def stack(tensors, axis=0):
     return operation("stack", data, tuple(tensors), lambda g: tuple(np.moveaxis(g, axis, 0)))
 
 
+@dispatchable
 def dropout(x, p, training=True):
     """Zero each element with probability p and scale the rest by 1/(1-p), so the expected value is unchanged."""
     _need_tensor(x, "dropout")

@@ -20,6 +20,10 @@ Two rules make arrays harder than scalars:
 - Broadcasting. `x + b` with x (32, 10) and b (10,) uses b 32 times, so b's gradient is the sum
   of the 32 rows of the result's gradient: `unbroadcast` sums a gradient back to a shape.
 - Aliasing. Gradients are never changed in place, so two tensors may safely share one array.
+
+Devices (part 6): `t.to("cuda")` moves a tensor's numbers to a GPU (or Numba's simulator of one);
+there `.data` is a device array that behaves like a NumPy array, so the operations below run
+unchanged, each array expression a kernel (see `course.tensor.device`).
 """
 
 from contextlib import contextmanager
@@ -27,6 +31,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import _graph
+from . import device as _device
 from .dispatch import dispatchable
 
 _grad_enabled = True
@@ -104,7 +109,7 @@ def operation(name, data, inputs, backward):
     collector could free.
     """
     out = Tensor.__new__(Tensor)
-    out.data = data if isinstance(data, np.ndarray) else np.asarray(data)
+    out.data = data if _device.is_array(data) else np.asarray(data)
     out.grad = None
     out.label = ""
     out.op = name
@@ -129,7 +134,7 @@ class Tensor:
     def __init__(self, data, requires_grad=False, label=""):
         if isinstance(data, Tensor):
             data = data.data
-        if not isinstance(data, np.ndarray):
+        if not _device.is_array(data):
             data = _numbers_array(data)
         if data.dtype == object:
             raise TypeError("a Tensor holds numbers, and this array holds Python objects (dtype object): "
@@ -154,15 +159,37 @@ class Tensor:
         return len(self.data)
 
     def __repr__(self):
-        body = np.array2string(self.data, precision=4, separator=", ", threshold=50)
+        body = np.array2string(self.numpy(), precision=4, separator=", ", threshold=50)
+        where = f", device={self.device!r}" if self.device != "cpu" else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor({body}{grad})"
+        return f"Tensor({body}{where}{grad})"
 
     def item(self):
-        return self.data.item()
+        """The one number of a one-element tensor, as a Python number (copied to the host)."""
+        if self.data.size != 1:
+            raise ValueError(f"item(): only a tensor with one element has one number; this one has shape {self.shape}")
+        return self.numpy().item()
 
     def numpy(self):
-        return self.data
+        """The numbers as a NumPy array: the array itself on the CPU, a copy from a device."""
+        return _device.move(self.data, "cpu")
+
+    # ----- devices (part 6) -------------------------------------------------------------------
+    @property
+    def device(self):
+        """Where the numbers live: "cpu", or "cuda" after `.to("cuda")`."""
+        return _device.of(self.data)
+
+    def to(self, device):
+        """This tensor on `device`: itself if it is there already, else a copy that gradients flow
+        back through, to this tensor's device (as PyTorch's `.to`)."""
+        if device != "cpu":
+            _device.get(device)  # an unknown device is named here
+        source = self.device
+        if device == source:
+            return self
+        return operation(f"to({device})", _device.move(self.data, device), (self,),
+                         lambda g: _device.move(g, source))
 
     def detach(self):
         """The same data, cut from the graph."""
@@ -172,12 +199,16 @@ class Tensor:
         source = self.data.dtype
         return operation("astype", self.data.astype(dtype), (self,), lambda g: g.astype(source))
 
-    def _lift(self, other):
+    def _lift(self, other, op="operation"):
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
         if isinstance(other, Tensor):
+            if other.device != self.device and not (_is_number(other) or _is_number(self)):
+                raise _device.mismatch(op, (self.device, other.device))
             return other
         if other is None or _is_value(other):
             raise TypeError(_mixed_error(other))
+        if self.device != "cpu" and np.ndim(other) > 0:
+            raise _device.mismatch(op, (self.device, "cpu"))
         if not np.issubdtype(self.data.dtype, np.floating):
             # An integer tensor times 0.5 must not truncate 0.5 to 0: let NumPy promote.
             return Tensor(np.asarray(other))
@@ -187,7 +218,7 @@ class Tensor:
         """Add `g` to this tensor's gradient. Used twice, a tensor gets the sum of both uses."""
         if self.grad is None:
             # A leaf (a parameter) gets its own copy: optimizers may change it in place.
-            self.grad = np.array(g, dtype=self.data.dtype) if not self.inputs else g
+            self.grad = _own_copy(g, self.data.dtype) if not self.inputs else g
         else:
             self.grad = self.grad + g
 
@@ -207,7 +238,8 @@ class Tensor:
                                    f"shape: only a single-element tensor (a loss) can start backpropagation alone")
             grad = np.ones_like(self.data)
         else:
-            grad = np.asarray(grad.data if isinstance(grad, Tensor) else grad, dtype=self.data.dtype)
+            grad = grad.data if isinstance(grad, Tensor) else grad
+            grad = _device.move(grad if _device.is_array(grad) else np.asarray(grad), self.device).astype(self.data.dtype)
             if grad.shape != self.shape:
                 raise ValueError(f"backward(): the gradient has shape {grad.shape} but the tensor has shape {self.shape}")
         order = self.topological_order()
@@ -242,7 +274,7 @@ class Tensor:
 
     # ----- elementwise arithmetic, with broadcasting -----------------------------------------
     def __add__(self, other):
-        other = self._lift(other)
+        other = self._lift(other, "+")
         try:
             data = self.data + other.data
         except ValueError:
@@ -255,7 +287,7 @@ class Tensor:
         return operation("+", data, (self, other), backward)
 
     def __sub__(self, other):
-        other = self._lift(other)
+        other = self._lift(other, "-")
         try:
             data = self.data - other.data
         except ValueError:
@@ -268,7 +300,7 @@ class Tensor:
         return operation("-", data, (self, other), backward)
 
     def __mul__(self, other):
-        other = self._lift(other)
+        other = self._lift(other, "*")
         try:
             data = self.data * other.data
         except ValueError:
@@ -281,7 +313,7 @@ class Tensor:
         return operation("*", data, (self, other), backward)
 
     def __truediv__(self, other):
-        other = self._lift(other)
+        other = self._lift(other, "/")
         try:
             data = self.data / other.data
         except ValueError:
@@ -334,10 +366,10 @@ class Tensor:
 
     # ----- matrix multiplication (a dispatch point: part 6 can run it on its kernels) ---------
     def __matmul__(self, other):
-        return matmul(self, self._lift(other))
+        return matmul(self, self._lift(other, "@"))
 
     def __rmatmul__(self, other):
-        return matmul(self._lift(other), self)
+        return matmul(self._lift(other, "@"), self)
 
     # ----- unary functions ------------------------------------------------------------------
     def exp(self):
@@ -477,6 +509,16 @@ def matmul(a, b):
 
 def _inputs(t):
     return t.inputs
+
+
+def _is_number(t):
+    """A 0-d tensor on the CPU acts as a number beside a tensor on any device (as in PyTorch)."""
+    return t.ndim == 0 and t.device == "cpu"
+
+
+def _own_copy(g, dtype):
+    """A fresh array of `dtype` holding g (NumPy's np.array only makes NumPy arrays)."""
+    return np.array(g, dtype=dtype) if not _device.is_array(g) or isinstance(g, np.ndarray) else g.astype(dtype)
 
 
 def _keep_axes(g, axis, keepdims, ndim):
