@@ -1,7 +1,8 @@
 """The checks of lesson 6.6 (course/exercises/part6_device.py): a stub is not attempted, a right
 answer passes, and the classic mistakes (strides ignored, an offset ignored, no guard, no grid-stride
-loop, a plain += where tokens repeat, a row written instead of added) fail with a message that says
-what to fix."""
+loop, a plain += where tokens repeat, a row written instead of added, the wrong axis, an output
+read before it is written, every gradient copied to the host, a forgotten return, the library's
+own function) fail with a message that says what to fix."""
 
 import numpy as np
 import pytest
@@ -296,7 +297,53 @@ def sum_axis_no_grid_stride(out, shape, a, a_offset, a_strides, axis):
         out[i] = total
 
 
-RIGHT = {"6.6.1": zip_add_kernel, "6.6.2": embedding_backward_kernel, "6.6.3": sum_axis_kernel}
+# ===== 6.6.4 a gradient norm that copies one number =============================================================
+
+
+def grad_norm(params):
+    total = sum((p.grad * p.grad).sum() for p in params if p.grad is not None)  # on the parameters' device
+    return np.sqrt(total).item()  # the one copy to the host
+
+
+def grad_norm_by_squares(params):
+    squares = [np.square(p.grad).sum() for p in params if p.grad is not None]
+    total = squares[0]
+    for s in squares[1:]:
+        total = total + s
+    return float(np.sqrt(total).item())
+
+
+def grad_norm_on_the_host(params):
+    grads = [p.grad if isinstance(p.grad, np.ndarray) else p.grad.get() for p in params if p.grad is not None]
+    return float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
+
+
+def grad_norm_item_per_parameter(params):
+    return float(np.sqrt(sum((p.grad * p.grad).sum().item() for p in params if p.grad is not None)))
+
+
+def grad_norm_no_sqrt(params):
+    return sum((p.grad * p.grad).sum() for p in params if p.grad is not None).item()
+
+
+def grad_norm_on_the_device(params):
+    return np.sqrt(sum((p.grad * p.grad).sum() for p in params if p.grad is not None))  # never copied out
+
+
+def grad_norm_counts_none(params):
+    return np.sqrt(sum((p.grad * p.grad).sum() for p in params)).item()
+
+
+def grad_norm_no_return(params):
+    np.sqrt(sum((p.grad * p.grad).sum() for p in params if p.grad is not None)).item()
+
+
+def grad_norm_by_clipping(params):
+    from course.optim import clip_grad_norm_
+    return float(clip_grad_norm_(params, 1e9))
+
+
+RIGHT = {"6.6.1": zip_add_kernel, "6.6.2": embedding_backward_kernel, "6.6.3": sum_axis_kernel, "6.6.4": grad_norm}
 
 KNOWN_WRONG = {
     "6.6.1": [(zip_add_contiguous, ["past the end of a", "offset and the strides"]),
@@ -314,12 +361,23 @@ KNOWN_WRONG = {
               (sum_axis_no_offset, ["add its offset"]),
               (sum_axis_per_input_atomic, ["before any thread wrote it", "local variable"]),
               (sum_axis_no_grid_stride, ["never written", "each thread must do more than one"])],
+    "6.6.4": [(grad_norm_on_the_host, ["every gradient crossed the link"]),
+              (grad_norm_item_per_parameter, ["copied 4 numbers to the host", "add them up on the device first"]),
+              (grad_norm_no_sqrt, ["sum of the squares", "square root"]),
+              (grad_norm_on_the_device, ["returned a CudaArray", "return a Python number"]),
+              (grad_norm_counts_none, ["your code raised"]),
+              (grad_norm_no_return, ["returned None"]),
+              (grad_norm_by_clipping, ["write this yourself"])],
 }
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
 
 
 @pytest.mark.parametrize("exercise_id", sorted(RIGHT))
 def test_stub_is_not_attempted_and_the_solution_passes(exercise_id):
-    assert check(exercise_id, stub_kernel).status == "not attempted"
+    assert check(exercise_id, stub if exercise_id == "6.6.4" else stub_kernel).status == "not attempted"
     result = check(exercise_id, RIGHT[exercise_id])
     assert result.status == "passed", result.message
 
@@ -331,7 +389,8 @@ def test_known_wrong_answer_fails_saying_why(exercise_id, wrong, words):
 
 @pytest.mark.parametrize("exercise_id,candidate", [("6.6.1", zip_add_unrolled),
                                                    ("6.6.2", embedding_backward_strided),
-                                                   ("6.6.3", sum_axis_by_index)])
+                                                   ("6.6.3", sum_axis_by_index),
+                                                   ("6.6.4", grad_norm_by_squares)])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate):
     result = check(exercise_id, candidate)
     assert result.status == "passed", result.message
@@ -340,7 +399,7 @@ def test_right_answers_written_otherwise_pass(exercise_id, candidate):
 def test_the_hints_do_not_give_the_code_away():
     from course.exercises._core import _CHECKS
     check("6.6.1", stub_kernel)  # loads the checks
-    for exercise_id in RIGHT:
+    for exercise_id in ("6.6.1", "6.6.2", "6.6.3"):
         hint = _CHECKS[exercise_id].hint
         assert "cuda.atomic" not in hint and "gridsize" not in hint, hint
 

@@ -1,9 +1,11 @@
 """Checks of lesson 6.6, tensors on the GPU: a broadcasting elementwise kernel that reads its
 operands through an offset and strides (6.6.1), the embedding's backward as a scatter-add with
-atomics (6.6.2), and the transfers of a training step (6.6.3, 6.6.4).
+atomics (6.6.2), a sum along one axis read through strides (6.6.3), and a gradient norm that
+copies one number to the host (6.6.4).
 
 The kernels run on the tracer, through part 6's `_trace` (which also compiles them for a GPU where
-NVVM is there); the references are NumPy, written here.
+NVVM is there); the references are NumPy, written here. 6.6.4 runs on the "cuda" device (a GPU or
+the simulator) and reads the transfer counter.
 """
 
 import numpy as np
@@ -334,3 +336,73 @@ def _sum_diagnose(out, expected, a_buf, a_off, a_str, shape, axis, on):
         raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: you read a as if "
                           f"its numbers lay one after the other in its shape's order; a transposed view does not: "
                           f"use its strides")
+
+
+# ===== 6.6.4 a gradient norm that copies one number ==========================================================
+
+
+def _norm_params(rng, device):
+    """Parameters with gradients on `device` (one of them without a gradient, as a frozen one has)."""
+    from ..tensor import Tensor
+    from ..tensor import device as _device
+    params = []
+    for shape in [(4, 3), (3,), (2, 2, 2), (5,)]:
+        p = Tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
+        p.grad = rng.standard_normal(shape).astype(np.float32)
+        params.append(p)
+    params.insert(2, Tensor(np.ones(2, np.float32), requires_grad=True))  # no gradient: counts for nothing
+    expected = float(np.sqrt(sum((p.grad.astype(np.float64) ** 2).sum() for p in params if p.grad is not None)))
+    for p in params:
+        p.data = _device.move(p.data, device)
+        if p.grad is not None:
+            p.grad = _device.move(p.grad, device)
+    return params, expected
+
+
+def _number(got, on):
+    import numbers
+    if isinstance(got, numbers.Real) and not isinstance(got, bool):
+        return float(got)
+    if isinstance(got, np.ndarray) and got.size == 1:
+        return float(got.reshape(-1)[0])
+    kind = type(got).__name__
+    if kind in ("CudaArray", "Tensor"):
+        raise CheckFailed(f"your function returned a {kind} on {on}: return a Python number (the one number "
+                          f"copied to the host)")
+    raise CheckFailed(f"expected a number, got {type(got).__name__} on {on}")
+
+
+@exercise("6.6.4", hint="the squares of every gradient, summed, then the square root: keep all of that on the "
+                        "device (a gradient there answers *, .sum() and np.sqrt like a NumPy array), and copy "
+                        "only the final number to the host. A parameter whose gradient is None counts for nothing",
+          forbid=["course.optim.clip_grad_norm_"], task="add up the squares of the gradients yourself")
+def _(candidate, rng):
+    import course.kernels as K
+    from ._core import call
+    for device in ("cpu", "cuda"):
+        params, expected = _norm_params(rng, device)
+        on = f"5 parameters on {device!r} (one with no gradient)"
+        K.reset_transfers()
+        got = _number(call(candidate, params, on=on), on)
+        copies = K.transfers()
+        if not np.isclose(got, expected, rtol=1e-5):
+            if np.isclose(got, expected ** 2, rtol=1e-5):
+                raise CheckFailed(f"expected {expected:.6g}, got {got:.6g} on {on}: that is the sum of the squares; "
+                                  f"the norm is its square root")
+            expect_close(got, expected, on=on, rtol=1e-5, what="gradient norm")
+        if device == "cpu":
+            continue
+        host = copies["to_host"]
+        grads = sum(1 for p in params if p.grad is not None)
+        grad_bytes = sum(p.grad.nbytes for p in params if p.grad is not None)
+        if host["count"] >= grads and host["bytes"] >= grad_bytes:
+            raise CheckFailed(f"your function copied {host['count']} arrays ({host['bytes']} bytes) to the host on "
+                              f"{on}: every gradient crossed the link. Do the arithmetic on the device, and copy "
+                              f"only the result")
+        if host["count"] > 1:
+            raise CheckFailed(f"your function copied {host['count']} numbers to the host on {on}, one at a time: add "
+                              f"them up on the device first, and copy one")
+        expect(host["count"] == 1, f"no copy to the host on {on}, yet a number came back: how?")
+        expect(copies["to_device"]["count"] == 0,
+               f"your function copied {copies['to_device']['count']} array(s) to the device on {on}: the gradients "
+               f"are there already, and a number (such as 0 to start a sum) needs no copy")
