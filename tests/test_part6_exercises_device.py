@@ -418,3 +418,9 @@ def test_the_plain_add_is_right_where_no_token_repeats():
     assert not report.races
     report = trace(embedding_backward_plain_add, 1, 32, np.zeros((4, 2), np.float32), np.array([3, 0, 3]), grad_out)
     assert report.races and report.races[0].array == "grad_table"
+
+
+def test_the_library_s_scatter_add_kernel_is_no_answer():
+    from course.kernels import primitives
+    result = check("6.6.2", primitives.scatter_add_kernel)
+    assert result.status == "failed" and "write the kernel yourself" in result.message, result.message
