@@ -152,6 +152,14 @@ def embedding_backward_plain_add(grad_table, idx, grad_out):
 
 
 @cuda.jit
+def embedding_backward_plain_add_other_names(table, tokens, g):
+    i = cuda.grid(1)
+    if i < g.size:
+        t, j = i // g.shape[1], i % g.shape[1]
+        table[tokens[t], j] += g[t, j]
+
+
+@cuda.jit
 def embedding_backward_written(grad_table, idx, grad_out):
     i = cuda.grid(1)
     if i < grad_out.size:
@@ -353,6 +361,7 @@ KNOWN_WRONG = {
               (zip_add_one_element_per_thread, ["never written", "each thread must do more than one"]),
               (zip_add_times, ["expected out"])],
     "6.6.2": [(embedding_backward_plain_add, ["plain read and write", "loses updates", "atomic"]),
+              (embedding_backward_plain_add_other_names, ["both added into table[", "loses updates"]),
               (embedding_backward_written, ["holds only one of them", "add into grad_table"]),
               (embedding_backward_no_guard, ["out of bounds", "add a guard"]),
               (embedding_backward_ignores_idx, ["belongs to the row of its token"])],

@@ -8,9 +8,11 @@ NVVM is there); the references are NumPy, written here. 6.6.4 runs on the "cuda"
 the simulator) and reads the transfer counter.
 """
 
+import sys
+
 import numpy as np
 
-from ._core import CheckFailed, exercise, expect, expect_close
+from ._core import CheckFailed, _show, exercise, expect, expect_close
 from . import part6 as _p6
 
 AXES = 4  # the kernels of 6.6.1 take shapes and strides padded to four axes
@@ -20,12 +22,11 @@ TPB = 32  # threads per block in the launches of 6.6.2
 def _refuse_library(candidate):
     """The course's own kernels (those of the device tensor included) are no answer."""
     _p6._refuse_library(candidate)
-    import importlib
-    import sys
     code = _p6._kernel_code(candidate)
-    for name in [n for n in list(sys.modules) if n.startswith("course.kernels.")]:
-        module = importlib.import_module(name)
-        for attr, value in vars(module).items():
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("course.kernels."):
+            continue
+        for attr, value in list(vars(module).items()):
             fn = getattr(value, "py_func", None)
             if fn is not None and fn.__code__ is code:
                 raise CheckFailed(f"that is the course's own {name}.{attr}: write the kernel yourself")
@@ -161,23 +162,18 @@ def _zip_diagnose(out, expected, a_buf, a_off, a_str, b_buf, b_off, b_str, shape
     if a_off + n <= a_buf.size and b_off + n <= b_buf.size:
         plain = a_buf[a_off + idx] + b_buf[b_off + idx]
         if np.array_equal(out, plain):
-            raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: you read the "
+            raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: you read the "
                               f"operands as if their elements lay one after the other in out's order; a "
                               f"transposed or broadcast operand does not: use its strides")
     if a_off or b_off:
         no_offset = _zip_reference(a_buf, 0, a_str, b_buf, 0, b_str, shape)
         if np.array_equal(out, no_offset):
-            raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: the operand "
+            raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: the operand "
                               f"does not start at the beginning of its buffer: add its offset")
     flipped = _zip_reference(a_buf, a_off, a_str[::-1], b_buf, b_off, b_str[::-1], shape[::-1])
     if np.array_equal(out, flipped):
-        raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: the axes are taken "
+        raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: the axes are taken "
                           f"in the wrong order; in a contiguous out the last axis varies fastest")
-
-
-def _p6_show(values):
-    from ._core import _show
-    return _show(values)
 
 
 # ===== 6.6.2 the embedding's backward: a scatter-add ======================================================
@@ -212,18 +208,19 @@ def _(candidate, rng):
         on = (f"idx={idx.tolist()}, grad_out of shape {(n, width)}, grad_table of shape {(vocab, width)} "
               f"(zeros), {blocks} block(s) of {TPB} threads")
         report = _p6._trace(candidate, blocks, TPB, grad_table, idx, grad_out, on=on)
-        _embedding_bounds(report, vocab, on)
+        table = _p6._params(candidate)[0]  # the learner's name for grad_table
+        _embedding_bounds(report, table, vocab, on)
         expected = np.zeros((vocab, width), np.float32)
         np.add.at(expected, idx, grad_out)
         if not np.array_equal(grad_table, expected):
             _embedding_diagnose(grad_table, expected, idx, grad_out, on)
             expect_close(grad_table, expected, on=on, rtol=0, atol=0, what="grad_table")
         for r in report.races:
-            if r.array == "grad_table" and repeats:
+            if r.array == table and repeats:
                 token = r.index[0]
                 where = _positions(idx, token)
                 raise CheckFailed(f"{_p6._thread(report, *r.first[:2])} and {_p6._thread(report, *r.second[:2])} "
-                                  f"both added into grad_table[{token}, {r.index[1]}] with a plain read and "
+                                  f"both added into {table}[{token}, {r.index[1]}] with a plain read and "
                                   f"write, on {on}: token {token} is at positions "
                                   f"{', '.join(map(str, where))} of idx. On a GPU those threads run at once, "
                                   f"and the row of a repeated token loses updates (the tracer runs them one "
@@ -232,20 +229,20 @@ def _(candidate, rng):
         _p6._races(report, on)
 
 
-def _embedding_bounds(report, vocab, on):
-    """Past the end of idx or grad_out: a missing guard. Past the end of grad_table: a row of
-    grad_out added into the wrong row."""
+def _embedding_bounds(report, table, vocab, on):
+    """Past the end of idx or grad_out: a missing guard. Past the end of the table (`table`, the
+    learner's name for grad_table): a row of grad_out added into the wrong row."""
     if not report.out_of_bounds:
         return
-    inputs = [o for o in report.out_of_bounds if o.array != "grad_table"]
+    inputs = [o for o in report.out_of_bounds if o.array != table]
     if inputs:
         o = inputs[0]
         size = f"length {o.shape[0]}" if len(o.shape) == 1 else f"shape {o.shape}"
         raise CheckFailed(f"{_p6._thread(report, o.block, o.thread)} read {o.array}[{', '.join(map(str, o.index))}] "
                           f"out of bounds ({o.array} has {size}) on {on}: add a guard")
     o = report.out_of_bounds[0]
-    raise CheckFailed(f"{_p6._thread(report, o.block, o.thread)} added into grad_table[{', '.join(map(str, o.index))}], "
-                      f"but grad_table has {vocab} rows (one per token of the vocabulary), on {on}: row k of "
+    raise CheckFailed(f"{_p6._thread(report, o.block, o.thread)} added into {table}[{', '.join(map(str, o.index))}], "
+                      f"but {table} has {vocab} rows (one per token of the vocabulary), on {on}: row k of "
                       f"grad_out belongs to the row of its token, idx[k]")
 
 
@@ -325,15 +322,15 @@ def _sum_diagnose(out, expected, a_buf, a_off, a_str, shape, axis, on):
     for other in range(AXES):
         if other != axis and shape[other] > 1 and shape[other] == shape[axis]:
             if np.array_equal(out, _sum_reference(a_buf, a_off, a_str, shape, other)):
-                raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: that is the sum "
+                raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: that is the sum "
                                   f"along axis {other}, not along axis {axis}")
     if a_off and np.array_equal(out, _sum_reference(a_buf, 0, a_str, shape, axis)):
-        raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: a does not start "
+        raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: a does not start "
                           f"at the beginning of its buffer: add its offset")
     contiguous = tuple(int(np.prod(shape[d + 1:])) for d in range(AXES))
     if a_str != contiguous and a_off + int(np.prod(shape)) <= a_buf.size and np.array_equal(
             out, _sum_reference(a_buf, a_off, contiguous, shape, axis)):
-        raise CheckFailed(f"expected out {_p6_show(expected)}, got {_p6_show(out)} on {on}: you read a as if "
+        raise CheckFailed(f"expected out {_show(expected)}, got {_show(out)} on {on}: you read a as if "
                           f"its numbers lay one after the other in its shape's order; a transposed view does not: "
                           f"use its strides")
 
