@@ -32,6 +32,7 @@ MODULES = [
     "bench_mamba",
     "bench_kernels",
     "bench_gpt2",
+    "bench_device",
 ]
 
 

@@ -6,9 +6,10 @@ Rows (each engine in a process of its own, see benchmarks/harness.py):
 - The GPT training step of bench_gpt and the Mamba training step of bench_mamba, run inside
   `use_kernels("cpu")` against the same step on the NumPy path (the engine's default), with as
   many threads for Numba as for BLAS.
-- On a GPU only: the tiled CUDA matmul at 4096 x 4096 float32, as a fraction of the GPU's fp32
-  peak and against cuBLAS (through CuPy, when it is installed), and the selective-scan kernel
-  against the CPU path. Without a GPU these rows say so: the simulator is no measure of speed.
+- On a GPU only: the register-blocked and the tiled CUDA matmuls at 4096 x 4096 float32 against
+  cuBLAS (through PyTorch with TF32 off, or CuPy; the ratio's inverse is the fraction of cuBLAS's
+  speed), and the selective-scan kernel against the CPU path. Without a GPU these rows say so:
+  the simulator is no measure of speed.
 
     python -m benchmarks kernels matmul
 """
@@ -107,39 +108,76 @@ def _gpu():
 GPU_N = 4096
 
 
-def gpu_matmul_tiled(threads, n=GPU_N):
+def _gpu_matmul(n, method):
+    """One launch of the course's kernel `method` on n x n float32 device arrays, then a wait for
+    the GPU (a launch only queues the kernel); a slice of the result is checked against NumPy."""
     _gpu()
+    import sys
+
     from course.kernels import cuda
-    from course.kernels.matmul import matmul_device
 
+    mm = sys.modules["course.kernels.matmul"]  # the module (course.kernels.matmul is also the function's name)
     rng = np.random.default_rng(0)
-    a = cuda.to_device(rng.standard_normal((n, n)).astype(np.float32))
-    b = cuda.to_device(rng.standard_normal((n, n)).astype(np.float32))
+    a = rng.standard_normal((1, n, n)).astype(np.float32)
+    b = rng.standard_normal((1, n, n)).astype(np.float32)
+    d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+    d_c = cuda.device_array((1, n, n), np.float32)
+    mm.matmul_into(d_a, d_b, d_c, method)  # compiles the kernel
+    cuda.synchronize()
+    np.testing.assert_allclose(d_c[0, :64].copy_to_host(), a[0, :64] @ b[0], rtol=1e-3, atol=1e-3 * np.sqrt(n))
 
-    def tiled():
-        matmul_device(a, b, "tiled")
+    def step():
+        mm.matmul_into(d_a, d_b, d_c, method)
         cuda.synchronize()
 
+    tiles = f", tiles {tuple(mm.TILES)}" if method == "register" else ""
     peak = _fp32_peak(cuda.get_current_device())
-    tiled.label = f"tiled (fp32 peak {peak / 1e12:.0f} TFLOP/s = {2 * n ** 3 / peak * 1e3:.2f} ms)"
-    return tiled
+    step.label = f"{method}{tiles} (fp32 peak {peak / 1e12:.0f} TFLOP/s = {2 * n ** 3 / peak * 1e3:.2f} ms)"
+    return step
+
+
+def gpu_matmul_register(threads, n=GPU_N):
+    return _gpu_matmul(n, "register")
+
+
+def gpu_matmul_tiled(threads, n=GPU_N):
+    return _gpu_matmul(n, "tiled")
 
 
 def gpu_matmul_cublas(threads, n=GPU_N):
+    """cuBLAS through PyTorch (TF32 off: true float32 products, as the course's kernels), or CuPy."""
     _gpu()
-    try:
-        import cupy
-    except ImportError:
-        raise Skip("CuPy is not installed: no cuBLAS reference") from None
     rng = np.random.default_rng(0)
-    ca = cupy.asarray(rng.standard_normal((n, n)).astype(np.float32))
-    cb = cupy.asarray(rng.standard_normal((n, n)).astype(np.float32))
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    try:
+        import torch
 
-    def cublas():
-        ca @ cb
-        cupy.cuda.Device().synchronize()
+        if not torch.cuda.is_available():
+            raise ImportError("PyTorch sees no GPU")
+    except ImportError as why:
+        try:
+            import cupy
+        except ImportError:
+            raise Skip(f"no cuBLAS reference: neither PyTorch with CUDA ({why}) nor CuPy") from None
+        ca, cb = cupy.asarray(a), cupy.asarray(b)
 
-    return cublas
+        def cupy_step():
+            ca @ cb
+            cupy.cuda.Device().synchronize()
+
+        cupy_step.label = "cuBLAS (CuPy)"
+        return cupy_step
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+
+    def torch_step():
+        ta @ tb
+        torch.cuda.synchronize()
+
+    torch_step.label = "cuBLAS (PyTorch, TF32 off)"
+    return torch_step
 
 
 SCAN_SHAPE = (8, 1024, 256, 16)
@@ -216,8 +254,11 @@ ROWS = [
         reference_label="NumPy path", same=1e-3, extra={"T": 256}, note="target < 1"),
     Row("attention-1024", "The same at 1024 tokens", "attention_fused", "attention_numpy",
         reference_label="NumPy path", same=1e-3, extra={"T": 1024}, steps=5, note="target < 1"),
-    Row("gpu-matmul", f"CUDA tiled matmul {GPU_N} x {GPU_N} float32", "gpu_matmul_tiled", "gpu_matmul_cublas",
-        reference_label="cuBLAS (CuPy)", steps=5, warmup=1),
+    Row("matmul-gpu-4096", f"CUDA matmul {GPU_N} x {GPU_N} float32, blocked in registers (`matmul_into`, "
+        "method \"register\")", "gpu_matmul_register", "gpu_matmul_cublas", reference_label="cuBLAS",
+        steps=10, warmup=2, note="target >= 0.5x cuBLAS's speed: ratio <= 2"),
+    Row("matmul-gpu-4096-tiled", f"CUDA matmul {GPU_N} x {GPU_N} float32, tiled in shared memory (method "
+        "\"tiled\")", "gpu_matmul_tiled", "gpu_matmul_cublas", reference_label="cuBLAS", steps=10, warmup=2),
     Row("gpu-scan", "CUDA selective scan (b=8, l=1024, d=256, n=16), forward, host copies included", "gpu_scan",
         "cpu_scan", reference_label="CPU kernel", steps=5, warmup=1),
 ]

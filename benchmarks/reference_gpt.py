@@ -19,7 +19,7 @@ def torch_gpt(torch, c):
             B, T, C = x.shape
             q, k, v = (t.reshape(B, T, c.n_head, C // c.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
             scores = q @ k.transpose(-2, -1) / math.sqrt(C // c.n_head)
-            future = torch.ones(T, T, dtype=torch.bool).triu(1)
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             att = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
             return self.c_proj((att @ v).transpose(1, 2).reshape(B, T, C))
 
@@ -44,7 +44,7 @@ def torch_gpt(torch, c):
 
         def forward(self, idx, targets):
             t = self.transformer
-            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
+            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
             for block in t.h:
                 x = block(x)
             logits = self.lm_head(t.ln_f(x))

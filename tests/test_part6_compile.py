@@ -157,15 +157,20 @@ def _library_calls():
     K.softmax_backward(s, f32(3, 20, seed=3))
     _, mean, rstd = K.layer_norm(x, w, b, return_stats=True)
     K.layer_norm_backward(x, w, mean, rstd, f32(3, 20, seed=4))
-    for method in ("naive", "tiled"):
+    from course.kernels.matmul import METHODS
+
+    for method in METHODS:
         K.matmul(f32(5, 3), f32(3, 7), method=method)
+        K.matmul_into(f32(2, 5, 3), f32(2, 3, 7), np.zeros((2, 5, 7), np.float32), method=method)  # batched
     u, delta = f32(2, 5, 3), np.abs(f32(2, 5, 3, seed=1)) * 0.1
     A, Bm, Cm, D = -np.abs(f32(3, 4, seed=2)), f32(2, 5, 4, seed=3), f32(2, 5, 4, seed=4), f32(3, seed=5)
     _, states = K.selective_scan(u, delta, A, Bm, Cm, D, return_states=True)
     K.selective_scan_backward(f32(2, 5, 3, seed=6), u, delta, A, Bm, Cm, D, states)
     from course.kernels import fused_cuda
 
-    fused_cuda.attention(f32(2, 5, 4), f32(2, 5, 4, seed=1), f32(2, 5, 4, seed=2), causal=True)
+    q, k, v = f32(2, 5, 4), f32(2, 5, 4, seed=1), f32(2, 5, 4, seed=2)
+    out, lse = fused_cuda.attention(q, k, v, causal=True)
+    fused_cuda.attention_backward(q, k, v, out, lse, f32(2, 5, 4, seed=3), causal=True)
     fused_cuda.cross_entropy(f32(3, 7), np.array([1, 6, 0]), ignore_index=6)
     _device_calls()
 
@@ -184,6 +189,12 @@ def _device_calls():
         primitives.elementwise(name, CudaArray.empty((3, 4)), [a, c, a][:arity] if name != "where" else [a > 0, a, 1.5])
     to_device(f32(2, primitives.LONG_ROW + 3)).sum(axis=1)  # the one-block-per-row reduction
     (to_device(f32(2, 3)).astype(np.float64) @ to_device(f32(3, 2)).astype(np.float64))  # the generic matmul
+    from course.tensor import Tensor
+
+    logits64 = Tensor(f32(3, 4).astype(np.float64), requires_grad=True)
+    import course.tensor.functional as F
+
+    F.cross_entropy(logits64.to("cuda"), np.array([1, 0, 3])).backward()  # float64: the composed version
     rng = np.random.default_rng(0)
     gpt = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.1)).to("cuda")
     _, loss = gpt(rng.integers(0, 11, (2, 4)), rng.integers(0, 11, (2, 4)))
@@ -191,7 +202,6 @@ def _device_calls():
     clip_grad_norm_(gpt.parameters(), 1.0)
     AdamW(gpt.parameters()).step()
     mamba = Mamba(MambaConfig(d_model=8, n_layer=1, vocab_size=11, d_state=4, d_conv=3)).to("cuda")
-    import course.tensor.functional as F
 
     F.cross_entropy(mamba(rng.integers(0, 11, (2, 4))), rng.integers(0, 11, (2, 4))).backward()
     SGD(mamba.parameters(), lr=0.1, momentum=0.9).step()

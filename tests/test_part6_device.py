@@ -233,6 +233,7 @@ OPS = {
     "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=False),
                   (arr(3, 4), arr(5, 4), arr(5, 2))),
     "cross_entropy": (lambda a: F.cross_entropy(a, np.array([[1, 0, -1], [3, 3, 2]]), ignore_index=-1), (arr(2, 3, 4),)),
+    "cross_entropy float64": (lambda a: F.cross_entropy(a, np.array([2, 0, 1])), (arr(3, 4, dtype=np.float64),)),
     "embedding": (lambda w: F.embedding(np.array([[1, 3, 1], [0, 1, 4]]), w), (arr(5, 3),)),
     "where, concatenate, stack": (lambda a, b: F.concatenate([a, b], axis=1).sum(axis=1) + F.stack([a, b]).sum(axis=0).sum(axis=1)
                                   + F.where(a.data > 0, a, b).sum(axis=1) + F.masked_fill(b, a.data > 0, 0.5).sum(axis=1),

@@ -3,10 +3,11 @@
     import course.kernels as K          # import it before anything that imports numba.cuda
     K.backend()                         # "gpu" on a machine with one, else "simulator"
     K.vector_add(a, b); K.reduce_sum(x); K.softmax(x); K.layer_norm(x, w, b)
-    K.matmul(a, b, method="tiled")      # or "naive"
+    K.matmul(a, b, method="tiled")      # or "naive", "thread_tile", "register"
+    K.matmul_into(a, b, out)            # batched, on device arrays, the fastest kernel by default
     K.selective_scan(u, delta, A, B, C, D)
     K.cpu.matmul(a, b)                  # the CPU twins (numba.njit, prange)
-    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles, cross-entropy in one kernel
+    K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles (and its backward), cross-entropy
     K.fused.attention(q, k, v)          # and their CPU twins, fused autograd operations
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels
         logits, loss = model(x, y)
@@ -27,11 +28,12 @@ slow (keep sizes small) but faithful, and it runs anywhere.
 from ._backend import backend, backend_reason, cuda  # first: it must run before numba.cuda is imported
 from . import cpu, fused, fused_cuda, ops
 from .device import CudaArray, reset_transfers, transfers
-from .fused_cuda import attention_kernel, cross_entropy_kernel
+from .fused_cuda import attention_kernel, cross_entropy_backward_kernel, cross_entropy_forward_kernel
 from .basics import add_row, reduce_rows, reduce_sum, reduce_sum_kernel, vector_add, vector_add_kernel
 from .launch import (MAX_THREADS_PER_BLOCK, THREADS_PER_BLOCK, check_launch, launch, launches,
                      reset_launches)
-from .matmul import TILE, matmul, matmul_naive_kernel, matmul_tiled_kernel
+from .matmul import (TILE, matmul, matmul_into, matmul_naive_kernel, matmul_register_kernel,
+                     matmul_thread_tile_kernel, matmul_tiled_kernel)
 from .ops import DEVICES, use_kernels
 from .rows import (layer_norm, layer_norm_backward, layer_norm_kernel, softmax, softmax_backward,
                    softmax_kernel)
@@ -39,10 +41,12 @@ from .scan import MAX_STATE, selective_scan, selective_scan_backward, selective_
 from .trace import TraceReport, trace
 
 __all__ = ["backend", "backend_reason", "cuda", "cpu", "fused", "fused_cuda", "ops", "CudaArray", "transfers",
-           "reset_transfers", "attention_kernel", "cross_entropy_kernel", "use_kernels", "DEVICES",
+           "reset_transfers", "attention_kernel", "cross_entropy_forward_kernel", "cross_entropy_backward_kernel",
+           "use_kernels", "DEVICES",
            "vector_add", "reduce_sum", "reduce_rows", "add_row", "softmax", "softmax_backward",
-           "layer_norm", "layer_norm_backward", "matmul", "selective_scan", "selective_scan_backward",
+           "layer_norm", "layer_norm_backward", "matmul", "matmul_into", "selective_scan", "selective_scan_backward",
            "vector_add_kernel", "reduce_sum_kernel", "softmax_kernel", "layer_norm_kernel",
-           "matmul_naive_kernel", "matmul_tiled_kernel", "selective_scan_kernel",
+           "matmul_naive_kernel", "matmul_tiled_kernel", "matmul_thread_tile_kernel",
+           "matmul_register_kernel", "selective_scan_kernel",
            "launch", "check_launch", "launches", "reset_launches", "trace", "TraceReport",
            "MAX_THREADS_PER_BLOCK", "THREADS_PER_BLOCK", "TILE", "MAX_STATE"]

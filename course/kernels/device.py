@@ -30,6 +30,7 @@ the driver for memory at every operation would cost more than many kernels.
 
 import math
 import numbers
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -103,6 +104,7 @@ class CudaArray(NDArrayOperatorsMixin):
     """An n-dimensional array on the device: a flat buffer, a shape, strides and an offset."""
 
     __array_priority__ = 2000
+    __slots__ = ("buffer", "shape", "dtype", "strides", "offset", "_owner", "known_range", "__weakref__")
 
     def __init__(self, buffer, shape, dtype, strides=None, offset=0, owner=None):
         self.buffer = buffer  # a 1-D numba device array
@@ -120,17 +122,14 @@ class CudaArray(NDArrayOperatorsMixin):
         shape = tuple(int(n) for n in shape)
         n = math.prod(shape)
         dtype = np.dtype(dtype)
-        out = cls(_buffer(n, dtype), shape, dtype)
-        out._pool_key = (dtype, n)
+        buffer = _buffer(n, dtype)
+        out = cls(buffer, shape, dtype)
+        # When the array is gone, its buffer goes back to the pool. A finalizer, not __del__: it
+        # holds the buffer itself, so the garbage collector never frees the device memory of a
+        # buffer that a __del__ would then bring back into the pool (numba frees memory in
+        # finalizers of its own).
+        weakref.finalize(out, _release, buffer, dtype, n)
         return out
-
-    def __del__(self):
-        key = getattr(self, "_pool_key", None)
-        if key is not None:
-            try:
-                _release(self.buffer, *key)
-            except Exception:  # the interpreter is shutting down
-                pass
 
     # ----- what NumPy arrays have ----------------------------------------------------------------------
     device = "cuda"

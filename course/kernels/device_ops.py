@@ -23,6 +23,7 @@ import numpy as np
 
 from ..tensor import Tensor, operation
 from ..tensor import functional as F
+from . import fused_cuda as _fused
 from . import rows as _rows
 from . import scan as _scan
 from ._backend import backend, cuda
@@ -225,9 +226,31 @@ def cross_entropy(logits, targets, ignore_index=None):
     F._need_tensor(logits, "cross_entropy", "logits")
     n_classes = logits.shape[-1]
     t = _targets_on_device(targets, logits.shape[:-1], n_classes, ignore_index)
-    ignore = -(2 ** 62) if ignore_index is None else int(ignore_index)
+    ignore = np.int64(-(2 ** 62) if ignore_index is None else ignore_index)
+    if logits.dtype != np.float32:
+        return _composed_cross_entropy(logits, t, ignore)
+    x, flat_t = _contiguous(_2d(logits.data)), _contiguous(t.reshape(-1))
+    rows = x.shape[0]
+    # Lesson 6.5's kernels: one block per row finds its log-sum-exp and its loss in one pass.
+    losses, lse = CudaArray.empty((rows,), np.float32), CudaArray.empty((rows,), np.float32)
+    launch(_fused.cross_entropy_forward_kernel, rows, ROW_THREADS, x.raw(), flat_t.raw(), ignore, losses.raw(), lse.raw())
+    count = (flat_t != ignore).sum().astype(np.float32)  # on the device: the mean's denominator never crosses
+    loss = losses.sum() / count
+
+    def backward(g):
+        scale = (g / count).reshape(1)
+        grad = CudaArray.empty(x.shape, np.float32)
+        launch(_fused.cross_entropy_backward_kernel, rows, ROW_THREADS, x.raw(), flat_t.raw(), lse.raw(), ignore,
+               scale.raw(), grad.raw())
+        return grad.reshape(logits.shape)
+
+    return operation("cross_entropy", loss, (logits,), backward)
+
+
+def _composed_cross_entropy(logits, t, ignore):
+    """Other dtypes (the kernels are float32): the same from array operations, and two small kernels."""
     x = _2d(logits.data)
-    flat_t = t.reshape(-1)
+    flat_t = _contiguous(t.reshape(-1))
     rows = x.shape[0]
     m = x.max(axis=1, keepdims=True)
     lse = np.log(np.exp(x - m).sum(axis=1, keepdims=True)) + m  # (rows, 1): log of each row's sum of exp
@@ -235,13 +258,13 @@ def cross_entropy(logits, targets, ignore_index=None):
     launch(pick_kernel, blocks_for(rows, THREADS_PER_BLOCK), THREADS_PER_BLOCK, x.raw(), flat_t.raw(), ignore,
            picked.raw())
     keep = (flat_t != ignore).astype(x.dtype)
-    count = keep.sum()  # on the device: the mean's denominator never crosses to the host
+    count = keep.sum()
     loss = ((lse.reshape(-1) - picked) * keep).sum() / count
 
     def backward(g):
         grad = np.exp(x - lse)
         launch(add_at_targets_kernel, blocks_for(rows, THREADS_PER_BLOCK), THREADS_PER_BLOCK, grad.raw(),
-               flat_t.raw(), ignore, np.float32(-1).astype(grad.dtype))
+               flat_t.raw(), ignore, grad.dtype.type(-1))
         grad *= (keep * (g / count)).reshape(rows, 1)
         return grad.reshape(logits.shape)
 

@@ -82,8 +82,11 @@ def kernel_name(kernel):
     return getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
 
 
-def launch(kernel, griddim, blockdim, *args):
-    """Run `kernel[griddim, blockdim](*args)` after checking the configuration; count it."""
+def launch(kernel, griddim, blockdim, *args, stream=None):
+    """Run `kernel[griddim, blockdim](*args)` after checking the configuration; count it.
+
+    `stream`: a numba stream to launch on (another library's, through `cuda.external_stream`, so
+    that the kernel runs in order with that library's work); None launches on the default stream."""
     name = kernel_name(kernel)
     grid, block = check_launch(griddim, blockdim, name)
     _launches[name] += 1
@@ -94,7 +97,8 @@ def launch(kernel, griddim, blockdim, *args):
         # every 5 ms) makes kernels with barriers several times faster there.
         sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL)
     try:
-        kernel[grid, block](*args)
+        config = (grid, block) if stream is None else (grid, block, stream)
+        kernel[config](*args)
     except Exception as err:
         raise RuntimeError(f"kernel {name} failed on a grid of {grid} blocks of {block} threads: {err}") from err
     finally:

@@ -11,6 +11,8 @@ on a GPU or on the simulator). Like every operation of the engine it is written 
     layer_norm   y = xhat w + b;       dx, dw, db from the saved mean and 1/std of each row
     selective_scan                     the backward is a reverse-time scan
     scaled_dot_product_attention       composed: two kernel matmuls around a kernel softmax
+    cuda_attention, cuda_cross_entropy the fused CUDA kernels of lesson 6.5 (`fused_cuda`), which
+                                       take over attention and cross-entropy under use_kernels("cuda")
 
 What a kernel does not cover goes back to the engine's NumPy version (`fn.default`), so
 results never change, only where they are computed:
@@ -33,7 +35,8 @@ import numpy as np
 from ..tensor import Tensor, dispatch, operation
 from ..tensor import functional as F
 from ..tensor import tensor as _tensor
-from . import basics, cpu, fused, rows, scan
+from . import basics, cpu, fused, fused_cuda, rows, scan
+from ._backend import cuda as _cuda
 from . import matmul as _gpu_matmul
 
 DEVICES = ("cpu", "cuda")
@@ -234,6 +237,57 @@ def selective_scan(u, delta, A, B, C, D=None, method=None, *, device="cpu"):
     return operation("selective_scan", y, tensors, backward)
 
 
+# ----- fused CUDA operations (lesson 6.5): attention by tiles, cross-entropy ------------------------------------
+def cuda_attention(q, k, v, causal=True, dropout_p=0.0, training=True):
+    """F.scaled_dot_product_attention on the kernels of `fused_cuda`: the forward by tiles with an
+    online softmax saves each row's lse, the backward recomputes the probabilities tile by tile from
+    it (FlashAttention-2); no (T, T) array in either. Dropout, head sizes over MAX_HEAD and empty or
+    ill-fitting shapes go to the composed version above, which hands on what it cannot take."""
+    if (not all(isinstance(t, Tensor) for t in (q, k, v)) or (dropout_p and training) or q.ndim < 2
+            or q.ndim != k.ndim or k.ndim != v.ndim or q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]
+            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or (causal and q.shape[-2] > k.shape[-2])
+            or 0 in q.shape + k.shape + v.shape or max(q.shape[-1], v.shape[-1]) > fused_cuda.MAX_HEAD
+            or not _Cuda.supports(q.data, k.data, v.data)):
+        return scaled_dot_product_attention(q, k, v, causal, dropout_p, training, device="cuda")
+    out, lse = fused_cuda.attention(q.data, k.data, v.data, causal)
+
+    def backward(g):
+        dq, dk, dv = fused_cuda.attention_backward(q.data, k.data, v.data, out, lse,
+                                                   g.astype(np.float32, copy=False), causal)
+        return (dq if q.requires_grad else None, dk if k.requires_grad else None, dv if v.requires_grad else None)
+
+    return operation("attention", out, (q, k, v), backward)
+
+
+def cuda_cross_entropy(logits, targets, ignore_index=None):
+    """F.cross_entropy on the kernels of `fused_cuda`: each row's loss and lse in the forward, the
+    gradient (softmax - onehot) * dloss / count in the backward, from the logits and targets left on
+    the device by the forward. Targets are checked on the host first, by the engine's own version
+    when one is wrong, so the messages are the engine's."""
+    default = F.cross_entropy.default
+    t = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    if (not isinstance(logits, Tensor) or logits.ndim == 0 or not np.issubdtype(t.dtype, np.integer)
+            or t.shape != logits.shape[:-1] or logits.shape[-1] == 0 or not _Cuda.supports(logits.data)):
+        return default(logits, targets, ignore_index)
+    c = logits.shape[-1]
+    keep = np.ones(t.shape, dtype=bool) if ignore_index is None else t != ignore_index
+    count = int(np.count_nonzero(keep))
+    if count == 0 or (keep & ((t < 0) | (t >= c))).any():
+        return default(logits, targets, ignore_index)  # it raises, naming the problem
+    ignore = -1 if ignore_index is None else int(ignore_index)  # every target is in range: -1 ignores none
+    x = _cuda.to_device(np.ascontiguousarray(logits.data).reshape(-1, c))
+    t_dev = _cuda.to_device(t.reshape(-1).astype(np.int64))
+    losses, lse = fused_cuda.cross_entropy_forward_device(x, t_dev, ignore)
+    loss = np.asarray(losses.copy_to_host().astype(np.float64).sum() / count, dtype=logits.dtype)
+
+    def backward(g):
+        scale = _cuda.to_device(np.array([float(g) / count], np.float32))
+        grad = fused_cuda.cross_entropy_backward_device(x, t_dev, lse, ignore, scale)
+        return grad.copy_to_host().reshape(logits.shape)
+
+    return operation("cross_entropy", loss, (logits,), backward)
+
+
 # ----- swapping them into the engine -----------------------------------------------------------------------------
 OPERATIONS = {"matmul": matmul, "linear": linear, "softmax": softmax, "layer_norm": layer_norm,
               "scaled_dot_product_attention": scaled_dot_product_attention, "selective_scan": selective_scan}
@@ -245,6 +299,9 @@ FUSED = {"scaled_dot_product_attention": fused.attention, "add_layer_norm": fuse
          "linear_gelu": fused.linear_gelu, "cross_entropy": fused.cross_entropy,
          "optimizer_step": fused.optimizer_step, "clip_grad_norm_": fused.clip_grad_norm_}
 
+# On "cuda", attention by tiles and cross-entropy run on the fused kernels of `fused_cuda`.
+FUSED_CUDA = {"scaled_dot_product_attention": cuda_attention, "cross_entropy": cuda_cross_entropy}
+
 
 def replacements(device):
     """{operation name: implementation} that `use_kernels(device)` swaps in."""
@@ -255,6 +312,8 @@ def replacements(device):
     chosen = {name: functools.partial(op, device=device) for name, op in OPERATIONS.items()}
     if device == "cpu":
         chosen.update(FUSED)
+    if device == "cuda":
+        chosen.update(FUSED_CUDA)
     return {name: op for name, op in chosen.items() if name in known}
 
 
@@ -263,7 +322,8 @@ def use_kernels(device):
     """Inside `with use_kernels("cpu"):` (or "cuda") the engine's matmul, linear, softmax,
     layer_norm, attention and Mamba's selective_scan run on this package's kernels; on "cpu" also
     the fused operations (attention by tiles, add + layer norm, bias + GELU, cross-entropy, the
-    optimizer step and gradient clipping) of `course.kernels.fused`."""
+    optimizer step and gradient clipping) of `course.kernels.fused`; on "cuda" attention by tiles
+    and cross-entropy of `course.kernels.fused_cuda`."""
     _lib(device)  # an unknown device is refused here, before anything changes
     _said["float64"] = False
     with dispatch.override(replacements(device)):

@@ -1,0 +1,139 @@
+"""The matmuls blocked in registers (lesson 6.3's last section) and the batched `matmul_into`: every
+method against NumPy on awkward shapes, the tracer's verdict on each new kernel, the tile choice
+from a device's limits. On a GPU where there is one, else on the simulator (small sizes)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import course.kernels as K
+from course.kernels import cuda
+
+pytestmark = pytest.mark.part6
+mm = sys.modules["course.kernels.matmul"]  # the module; `course.kernels.matmul` is also the host function
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+SHAPES = [(1, 1, 1), (17, 33, 9), (5, 0, 3), (16, 4, 16), (3, 20, 40)]
+
+
+@pytest.mark.parametrize("method", mm.METHODS)
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_every_method_equals_numpy(rng, method, m, k, n):
+    a, b = f32(rng, m, k), f32(rng, k, n)
+    got = K.matmul(a, b, method=method)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", [*mm.METHODS, None])
+def test_matmul_into_a_batch_on_the_device_in_one_launch(rng, method):
+    a, b = f32(rng, 3, 17, 33), f32(rng, 3, 33, 9)
+    d_a, d_b = cuda.to_device(a), cuda.to_device(b)
+    out = cuda.device_array((3, 17, 9), np.float32)
+    K.reset_launches()
+    assert K.matmul_into(d_a, d_b, out, method=method) is out
+    assert sum(K.launches().values()) == 1
+    np.testing.assert_allclose(out.copy_to_host(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_into_k_zero_writes_zeros_and_empty_shapes_launch_nothing(rng):
+    out = cuda.to_device(np.full((2, 4, 5), 7, np.float32))
+    K.matmul_into(cuda.to_device(f32(rng, 2, 4, 0)), cuda.to_device(f32(rng, 2, 0, 5)), out)
+    np.testing.assert_array_equal(out.copy_to_host(), 0)
+    K.reset_launches()
+    empty = cuda.device_array((2, 0, 5), np.float32)
+    K.matmul_into(cuda.to_device(f32(rng, 2, 0, 3)), cuda.to_device(f32(rng, 2, 3, 5)), empty)
+    assert K.launches() == {}
+
+
+def test_matmul_device_keeps_working_for_every_method(rng):
+    a, b = f32(rng, 6, 5), f32(rng, 5, 7)
+    for method in mm.METHODS:
+        c = mm.matmul_device(cuda.to_device(a), cuda.to_device(b), method)
+        assert c.shape == (6, 7)
+        np.testing.assert_allclose(c.copy_to_host(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_methods_and_shapes_are_named(rng):
+    a, b, out = f32(rng, 2, 3, 4), f32(rng, 2, 4, 5), np.zeros((2, 3, 5), np.float32)
+    with pytest.raises(ValueError, match="unknown method 'fast'.*'register'"):
+        K.matmul_into(a, b, out, method="fast")
+    with pytest.raises(ValueError, match="unknown method 'fast'.*'thread_tile'"):
+        K.matmul(a[0], b[0], method="fast")
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\) @ \(2, 5, 5\)"):
+        K.matmul_into(a, f32(rng, 2, 5, 5), out)
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\) @ \(1, 4, 5\)"):
+        K.matmul_into(a, f32(rng, 1, 4, 5), out)
+    with pytest.raises(ValueError, match="out must be a 3-D float32"):
+        K.matmul_into(a, b, out[0])
+    with pytest.raises(ValueError, match="a must be a 3-D float32 array.*float64"):
+        K.matmul_into(a.astype(np.float64), b, out)
+
+
+# ----- the tracer's verdict on the new kernels ---------------------------------------------------------
+KERNELS = {
+    "naive batched": (lambda: mm.matmul_naive_batched_kernel, 4, 4, (4, 4)),
+    "tiled batched": (lambda: mm.matmul_tiled_batched_kernel, mm.TILE, mm.TILE, (mm.TILE, mm.TILE)),
+    "thread tile": (lambda: mm.make_thread_tile_kernel(8, 8, 4, 4), 8, 8, (8, 2)),
+    "register": (lambda: mm.make_register_kernel(16, 16, 4, 4, 4), 16, 16, (4, 4)),
+    "register, contiguous": (lambda: mm.make_register_kernel(8, 8, 4, 2, 4, strided=False), 8, 8, (2, 4)),
+    "register, A as it is": (lambda: mm.make_register_kernel(8, 16, 4, 2, 2, transpose_a=False), 8, 16, (8, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_the_tracer_finds_no_race_and_no_access_outside(rng, name):
+    make, bm, bn, block = KERNELS[name]
+    a, b = f32(rng, 2, 17, 6), f32(rng, 2, 6, 11)  # edges in every direction, two tiles along k for bk = 4
+    c = np.zeros((2, 17, 11), np.float32)
+    grid = ((11 + bn - 1) // bn, (17 + bm - 1) // bm, 2)
+    report = K.trace(make(), grid, block, a, b, c)
+    assert not report.races and not report.out_of_bounds and not report.uninitialised
+    assert not report.barrier_issues
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_register_blocking_cuts_shared_reads_and_the_strided_tile_has_no_bank_conflicts(rng):
+    a, b = f32(rng, 1, 32, 8), f32(rng, 1, 8, 32)
+
+    def traced(kernel, grid, block):
+        c = np.zeros((1, 32, 32), np.float32)
+        report = K.trace(kernel, grid, block, a, b, c)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+        return report
+
+    thread_tile = traced(mm.make_thread_tile_kernel(32, 32, 8, 4), (1, 1, 1), (32, 8))
+    register = traced(mm.make_register_kernel(32, 32, 8, 4, 4), (1, 1, 1), (8, 8))
+    unpadded = traced(mm.make_register_kernel(32, 32, 8, 4, 4, pad_a=0), (1, 1, 1), (8, 8))
+    contiguous = traced(mm.make_register_kernel(32, 32, 8, 4, 4, transpose_a=False, strided=False), (1, 1, 1), (8, 8))
+    # per thread and tile: thread tile bk * (1 + tm) reads for bk * tm sums; register bk * (tm + tn) for bk * tm * tn
+    assert thread_tile.per_thread("shared", "read").max() == 8 * (1 + 4)
+    assert register.per_thread("shared", "read").max() == 8 * (4 + 4)
+    assert register.bank_conflicts() == 0 and thread_tile.bank_conflicts() == 0
+    assert unpadded.bank_conflicts() > 0  # the transposed store, 8 words a row apart in one bank
+    assert contiguous.bank_conflicts() > 0 and contiguous.transactions() > register.transactions()
+
+
+# ----- the tile choice ---------------------------------------------------------------------------------
+def test_tiles_from_an_h100_s_limits_and_from_smaller_devices():
+    assert mm.choose_tiles(48 * 1024, 1024, 65536) == (128, 128, 8, 8, 8)
+    small = mm.choose_tiles(16 * 1024, 256, 16384)
+    assert small.bm * small.bn // (small.tm * small.tn) <= 256
+    assert mm.shared_bytes(small.bm, small.bn, small.bk) <= 16 * 1024
+    assert mm.choose_tiles(simulator=True) == mm.Tiles(16, 16, 4, 4, 4)
+    with pytest.raises(ValueError, match="no tiles fit 64 bytes"):
+        mm.choose_tiles(64, 1024, 65536)
+
+
+def test_the_library_uses_tiles_that_fit_this_device():
+    t = mm.TILES
+    kernel, (rows, cols), block = mm._BATCHED["register"]
+    assert (rows, cols) == (t.bm, t.bn) and block == (t.bn // t.tn, t.bm // t.tm)
+    K.check_launch((1, 1, 1), block)
+    if K.backend() == "gpu":
+        assert mm.shared_bytes(t.bm, t.bn, t.bk) <= cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK
