@@ -290,6 +290,9 @@ SOLUTION_ARGS = {
     "total_by_warps": (f32(37), f32(1)),
     "transpose_tiles": (f32(40, 33), f32(33, 40)),
     "matmul_register_step": (f32(17, 9), f32(9, 20), f32(17, 20)),
+    "zip_add_kernel": (f32(12), (1, 1, 3, 4), f32(6), 0, (0, 0, 1, 0), f32(4), 0, (0, 0, 0, 1)),
+    "embedding_backward_kernel": (f32(4, 5), np.array([1, 3, 1, 0, 3, 3]), f32(6, 5)),
+    "sum_axis_kernel": (f32(4), (1, 1, 3, 4), f32(12), 0, (0, 0, 4, 1), 2),
 }
 SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 

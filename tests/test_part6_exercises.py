@@ -1259,9 +1259,10 @@ def _case(c):
 def test_every_exercise_of_part_6_has_a_known_wrong_answer():
     from course.exercises import registered_ids
 
-    from test_part6_exercises_fusion import KNOWN_WRONG as FUSION  # lesson 6.5's checks have their own file
+    from test_part6_exercises_device import KNOWN_WRONG as DEVICE  # lessons 6.5 and 6.6 have their own files
+    from test_part6_exercises_fusion import KNOWN_WRONG as FUSION
 
-    covered = {_case(case)[0] for case in CASES} | set(FUSION)
+    covered = {_case(case)[0] for case in CASES} | set(FUSION) | set(DEVICE)
     missing = [i for i in registered_ids() if i.startswith("6.") and i not in covered]
     assert not missing, f"add a known-wrong answer to CASES for {missing}"
 

@@ -925,3 +925,4 @@ def _(candidate, rng):
 
 
 from . import part6_fusion  # noqa: E402,F401  (the checks of lesson 6.5: importing registers them)
+from . import part6_device  # noqa: E402,F401  (the checks of lesson 6.6)
