@@ -12,16 +12,9 @@ Every row is skipped where there is no GPU: the simulator is no measure of speed
 
 import numpy as np
 
-from .bench_gpt import BATCH, _config
+from .bench_gpt import BATCH
+from .bench_kernels import _gpu, scan_inputs
 from .harness import Row, Skip
-
-
-def _gpu():
-    import course.kernels as K
-
-    if K.backend() != "gpu":
-        raise Skip("no GPU here (the simulator is no measure of speed)")
-    return K
 
 
 def _shape(layers, width, heads, batch, length):
@@ -30,7 +23,7 @@ def _shape(layers, width, heads, batch, length):
     return GPTConfig(vocab_size=65, block_size=length, n_layer=layers, n_head=heads, n_embd=width), batch
 
 
-SHAPES = {"bench": ((4, 128, 4, BATCH, 64)), "large": ((8, 512, 8, 8, 256))}
+SHAPES = {"bench": (4, 128, 4, BATCH, 64), "large": (8, 512, 8, 8, 256)}
 
 
 def _data(config, batch):
@@ -40,14 +33,14 @@ def _data(config, batch):
     return x, y
 
 
-def course_device_step(threads, shape="bench"):
-    _gpu()
+def _course_step(shape, device):
+    _gpu()  # rows about the GPU: all skipped together where there is none
     from course import optim
     from course.gpt import GPT, param_groups
 
     config, batch = _shape(*SHAPES[shape])
     x, y = _data(config, batch)
-    model = GPT(config, seed=0).to("cuda")
+    model = GPT(config, seed=0).to(device)
     opt = optim.AdamW(param_groups(model, 0.1), lr=1e-3)
 
     def step():
@@ -55,28 +48,17 @@ def course_device_step(threads, shape="bench"):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        return loss.item()  # the one copy out; it waits for the GPU
+        return loss.item()  # on the GPU: the one copy out, which also waits for the GPU
 
     return step
 
 
+def course_device_step(threads, shape="bench"):
+    return _course_step(shape, "cuda")
+
+
 def course_cpu_step(threads, shape="bench"):
-    _gpu()  # a row about the GPU: skipped with the others where there is none
-    from course import optim
-    from course.gpt import GPT, param_groups
-
-    config, batch = _shape(*SHAPES[shape])
-    x, y = _data(config, batch)
-    model = GPT(config, seed=0)
-    opt = optim.AdamW(param_groups(model, 0.1), lr=1e-3)
-
-    def step():
-        _, loss = model(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
+    step = _course_step(shape, "cpu")
     step.label = "NumPy path, CPU"
     return step
 
@@ -118,25 +100,12 @@ def torch_cuda_step(threads, shape="bench"):
     return step
 
 
-SCAN_SHAPE = (8, 1024, 256, 16)
-
-
-def _scan_inputs():
-    bsz, length, d, s = SCAN_SHAPE
-    rng = np.random.default_rng(0)
-    u = rng.standard_normal((bsz, length, d)).astype(np.float32)
-    delta = (np.abs(rng.standard_normal((bsz, length, d))) * 0.1).astype(np.float32)
-    A = -np.exp(rng.standard_normal((d, s))).astype(np.float32)
-    B, C = (rng.standard_normal((bsz, length, s)).astype(np.float32) for _ in range(2))
-    return u, delta, A, B, C, np.ones(d, np.float32)
-
-
 def scan_on_device(threads):
     _gpu()
     from course.mamba import selective_scan
     from course.tensor import Tensor
 
-    inputs = [Tensor(a).to("cuda") for a in _scan_inputs()]
+    inputs = [Tensor(a).to("cuda") for a in scan_inputs()]
 
     def step():
         return selective_scan(*inputs).sum().item()
@@ -148,7 +117,7 @@ def scan_on_cpu(threads):
     _gpu()
     import course.kernels as K
 
-    inputs = _scan_inputs()
+    inputs = scan_inputs()
     return lambda: float(K.cpu.selective_scan(*inputs).sum())
 
 

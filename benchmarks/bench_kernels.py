@@ -183,17 +183,22 @@ def gpu_matmul_cublas(threads, n=GPU_N):
 SCAN_SHAPE = (8, 1024, 256, 16)
 
 
-def _scan(threads, on_gpu):
-    K = _gpu()
+def scan_inputs():
+    """u, delta, A, B, C, D of SCAN_SHAPE, float32 NumPy arrays."""
     bsz, length, d, s = SCAN_SHAPE
     rng = np.random.default_rng(0)
     u = rng.standard_normal((bsz, length, d)).astype(np.float32)
     delta = (np.abs(rng.standard_normal((bsz, length, d))) * 0.1).astype(np.float32)
     A = -np.exp(rng.standard_normal((d, s))).astype(np.float32)
     B, C = (rng.standard_normal((bsz, length, s)).astype(np.float32) for _ in range(2))
-    D = np.ones(d, np.float32)
+    return u, delta, A, B, C, np.ones(d, np.float32)
+
+
+def _scan(threads, on_gpu):
+    K = _gpu()
+    inputs = scan_inputs()
     fn = K.selective_scan if on_gpu else K.cpu.selective_scan
-    return lambda: float(np.abs(fn(u, delta, A, B, C, D)).sum())
+    return lambda: float(np.abs(fn(*inputs)).sum())
 
 
 def gpu_scan(threads):

@@ -377,9 +377,10 @@ def _operand(x, dtype=None):
     if _is_number(x):
         value = x.item() if isinstance(x, (np.ndarray, np.generic)) else x
         return np.dtype(dtype if dtype is not None else np.asarray(x).dtype).type(value)
-    what = f"a NumPy array of shape {np.shape(x)}" if isinstance(x, np.ndarray) else f"a {type(x).__name__}"
-    raise _engine_device.mismatch("an operation", ("cuda", "cpu")) if isinstance(x, np.ndarray) else \
-        TypeError(f"an array on the GPU cannot be combined with {what}")
+    if isinstance(x, np.ndarray):
+        raise RuntimeError(f"an array on the GPU (device 'cuda') and a NumPy array of shape {x.shape} (device "
+                           f"'cpu') in one operation: move them to one device first")
+    raise TypeError(f"an array on the GPU cannot be combined with a {type(x).__name__}")
 
 
 def _weak(x):
@@ -399,10 +400,9 @@ def _ufunc(ufunc, inputs, out=None, dtype=None, **kwargs):
     if kwargs.get("where", True) is not True or kwargs.get("casting", "same_kind") != "same_kind":
         raise TypeError(f"np.{ufunc.__name__}: the arguments where= and casting= are not supported on the GPU")
     for x in inputs:
-        if not isinstance(x, CudaArray) and not _is_number(x):
-            raise RuntimeError(f"np.{ufunc.__name__}: an array on the GPU (device 'cuda') and "
-                               f"{'a NumPy array of shape ' + str(np.shape(x)) + ' (device cpu)' if isinstance(x, np.ndarray) else 'a ' + type(x).__name__}: "
-                               f"move them to one device first")
+        if isinstance(x, np.ndarray) and x.ndim:
+            raise RuntimeError(f"np.{ufunc.__name__}: an array on the GPU (device 'cuda') and a NumPy array of "
+                               f"shape {x.shape} (device 'cpu'): move them to one device first")
     if dtype is not None:
         types = (np.dtype(dtype),) * ufunc.nin
         result = ufunc.resolve_dtypes(types + (None,))[-1]
@@ -461,11 +461,11 @@ def matmul(a, b, out=None, **kwargs):
             raise _engine_device.mismatch("@", ("cuda", "cpu"))
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: both operands need at least one axis")
-    squeeze = []
-    if a.ndim == 1:
-        a, squeeze = a.expand_dims(0), squeeze + [-2]
-    if b.ndim == 1:
-        b, squeeze = b.expand_dims(-1), squeeze + [-1]
+    vector_a, vector_b = a.ndim == 1, b.ndim == 1  # as NumPy: a vector is a 1-row / 1-column matrix, then squeezed
+    if vector_a:
+        a = a.expand_dims(0)
+    if vector_b:
+        b = b.expand_dims(-1)
     (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
     if k != k2:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match: the inner dimensions {k} and {k2} differ")
@@ -481,8 +481,10 @@ def matmul(a, b, out=None, **kwargs):
         c = CudaArray.empty((count, m, n), dtype)
         P.matmul(a3, b3, c)
         c = c.reshape(*batch, m, n)
-    for axis in squeeze:
-        c = c.squeeze(axis if axis == -1 or not -1 in squeeze else -2)
+    if vector_b:
+        c = c.squeeze(-1)
+    if vector_a:
+        c = c.squeeze(-1 if vector_b else -2)
     if out is not None:
         out = out[0] if isinstance(out, tuple) else out
         out[...] = c

@@ -140,6 +140,22 @@ UFUNCS = {name for name in FUNCTIONS if name not in ("copy", "where")}
 _DEVICE_FUNCTIONS = {_exp, _log, _sqrt, _div, _pow, _logaddexp, _maximum, _minimum, _sign}
 
 
+@cuda.jit(device=True)
+def _index(i, shape):
+    """Element number i of a (padded) 4-axis shape as four indices, the last axis fastest."""
+    i3 = i % shape[3]
+    r = i // shape[3]
+    i2 = r % shape[2]
+    r = r // shape[2]
+    return r // shape[1], r % shape[1], i2, i3
+
+
+@cuda.jit(device=True)
+def _at(offset, strides, i0, i1, i2, i3):
+    """Where element (i0, i1, i2, i3) of a layout lies in its buffer."""
+    return offset + i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]
+
+
 def _make(name, arity, fn):
     f = fn if fn in _DEVICE_FUNCTIONS else cuda.jit(device=True)(fn)
 
@@ -147,47 +163,29 @@ def _make(name, arity, fn):
     if arity == 1:
         def kernel(out, oo, os, shape, a, ao, ast, asc, av):
             i = cuda.grid(1)
-            n = shape[0] * shape[1] * shape[2] * shape[3]
-            while i < n:
-                i3 = i % shape[3]
-                r = i // shape[3]
-                i2 = r % shape[2]
-                r = r // shape[2]
-                i1 = r % shape[1]
-                i0 = r // shape[1]
-                x = av if asc else a[ao + i0 * ast[0] + i1 * ast[1] + i2 * ast[2] + i3 * ast[3]]
-                out[oo + i0 * os[0] + i1 * os[1] + i2 * os[2] + i3 * os[3]] = f(x)
+            while i < shape[0] * shape[1] * shape[2] * shape[3]:
+                i0, i1, i2, i3 = _index(i, shape)
+                x = av if asc else a[_at(ao, ast, i0, i1, i2, i3)]
+                out[_at(oo, os, i0, i1, i2, i3)] = f(x)
                 i += cuda.gridsize(1)
     elif arity == 2:
         def kernel(out, oo, os, shape, a, ao, ast, asc, av, b, bo, bst, bsc, bv):
             i = cuda.grid(1)
-            n = shape[0] * shape[1] * shape[2] * shape[3]
-            while i < n:
-                i3 = i % shape[3]
-                r = i // shape[3]
-                i2 = r % shape[2]
-                r = r // shape[2]
-                i1 = r % shape[1]
-                i0 = r // shape[1]
-                x = av if asc else a[ao + i0 * ast[0] + i1 * ast[1] + i2 * ast[2] + i3 * ast[3]]
-                y = bv if bsc else b[bo + i0 * bst[0] + i1 * bst[1] + i2 * bst[2] + i3 * bst[3]]
-                out[oo + i0 * os[0] + i1 * os[1] + i2 * os[2] + i3 * os[3]] = f(x, y)
+            while i < shape[0] * shape[1] * shape[2] * shape[3]:
+                i0, i1, i2, i3 = _index(i, shape)
+                x = av if asc else a[_at(ao, ast, i0, i1, i2, i3)]
+                y = bv if bsc else b[_at(bo, bst, i0, i1, i2, i3)]
+                out[_at(oo, os, i0, i1, i2, i3)] = f(x, y)
                 i += cuda.gridsize(1)
     else:
         def kernel(out, oo, os, shape, c, co, cst, csc, cv, a, ao, ast, asc, av, b, bo, bst, bsc, bv):
             i = cuda.grid(1)
-            n = shape[0] * shape[1] * shape[2] * shape[3]
-            while i < n:
-                i3 = i % shape[3]
-                r = i // shape[3]
-                i2 = r % shape[2]
-                r = r // shape[2]
-                i1 = r % shape[1]
-                i0 = r // shape[1]
-                z = cv if csc else c[co + i0 * cst[0] + i1 * cst[1] + i2 * cst[2] + i3 * cst[3]]
-                x = av if asc else a[ao + i0 * ast[0] + i1 * ast[1] + i2 * ast[2] + i3 * ast[3]]
-                y = bv if bsc else b[bo + i0 * bst[0] + i1 * bst[1] + i2 * bst[2] + i3 * bst[3]]
-                out[oo + i0 * os[0] + i1 * os[1] + i2 * os[2] + i3 * os[3]] = f(z, x, y)
+            while i < shape[0] * shape[1] * shape[2] * shape[3]:
+                i0, i1, i2, i3 = _index(i, shape)
+                z = cv if csc else c[_at(co, cst, i0, i1, i2, i3)]
+                x = av if asc else a[_at(ao, ast, i0, i1, i2, i3)]
+                y = bv if bsc else b[_at(bo, bst, i0, i1, i2, i3)]
+                out[_at(oo, os, i0, i1, i2, i3)] = f(z, x, y)
                 i += cuda.gridsize(1)
 
     kernel.__name__ = kernel.__qualname__ = {1: "map", 2: "zip", 3: "where"}[arity] + "_" + name
