@@ -12,7 +12,7 @@ Every row is skipped where there is no GPU: the simulator is no measure of speed
 
 import numpy as np
 
-from .bench_gpt import BATCH
+from .bench_gpt import BATCH, torch_training
 from .bench_kernels import _gpu, scan_inputs
 from .harness import Row, Skip
 
@@ -73,20 +73,9 @@ def torch_cuda_step(threads, shape="bench"):
         raise Skip("PyTorch was built without CUDA")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from course.gpt import GPT
-
-    from .reference_gpt import torch_gpt
-
     config, batch = _shape(*SHAPES[shape])
     x, y = _data(config, batch)
-    ref = torch_gpt(torch, config)
-    ref.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in GPT(config, seed=0).state_dict().items()})
-    ref.to("cuda")
-    linear = {n for n, m in ref.named_modules() if isinstance(m, torch.nn.Linear)}
-    decayed = lambda n: n.rsplit(".", 1)[0] in linear and n.endswith("weight")  # noqa: E731
-    opt = torch.optim.AdamW([{"params": [p for n, p in ref.named_parameters() if decayed(n)], "weight_decay": 0.1},
-                             {"params": [p for n, p in ref.named_parameters() if not decayed(n)],
-                              "weight_decay": 0.0}], lr=1e-3)
+    ref, opt = torch_training(torch, config, "cuda")
 
     def step():
         tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()

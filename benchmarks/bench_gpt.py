@@ -57,25 +57,33 @@ def course_step(threads, width=128):
     return step
 
 
-def torch_step(threads, width=128):
-    try:
-        import torch
-    except ImportError:
-        raise Skip("PyTorch is not installed") from None
+def torch_training(torch, config, device="cpu"):
+    """PyTorch's GPT with the course's initial weights (seed 0) on `device`, and its AdamW with
+    weight decay on the Linear weights only, as the course's trainer does."""
     from course.gpt import GPT
 
     from .reference_gpt import torch_gpt
 
-    torch_threads(torch, threads)
-    config = _config(width)
-    x, y = _data(config)
     ref = torch_gpt(torch, config)
     ref.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in GPT(config, seed=0).state_dict().items()})
+    ref.to(device)
     linear = {n for n, m in ref.named_modules() if isinstance(m, torch.nn.Linear)}
     decayed = lambda n: n.rsplit(".", 1)[0] in linear and n.endswith("weight")  # noqa: E731
     opt = torch.optim.AdamW([{"params": [p for n, p in ref.named_parameters() if decayed(n)], "weight_decay": 0.1},
                              {"params": [p for n, p in ref.named_parameters() if not decayed(n)],
                               "weight_decay": 0.0}], lr=1e-3)
+    return ref, opt
+
+
+def torch_step(threads, width=128):
+    try:
+        import torch
+    except ImportError:
+        raise Skip("PyTorch is not installed") from None
+    torch_threads(torch, threads)
+    config = _config(width)
+    x, y = _data(config)
+    ref, opt = torch_training(torch, config)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def step():
