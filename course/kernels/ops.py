@@ -90,6 +90,7 @@ class _Cpu:
 
     matmul = staticmethod(cpu.matmul)
     matmul_bt = staticmethod(cpu.matmul_bt)
+    matmul_at = staticmethod(cpu.matmul_at)
     add_row = staticmethod(cpu.add_row)
     reduce_rows = staticmethod(cpu.reduce_rows)
     softmax = staticmethod(cpu.softmax)
@@ -116,6 +117,14 @@ def _swap(x):
     return np.swapaxes(x, -1, -2)
 
 
+def _matmul_at(lib, at, b):
+    """at^T b: the CPU kernel reads at through a transposed view; a library without matmul_at gets
+    the transpose made first."""
+    if hasattr(lib, "matmul_at"):
+        return lib.matmul_at(at, b)
+    return lib.matmul(np.ascontiguousarray(_swap(at)), b)
+
+
 # ----- matrix products --------------------------------------------------------------------------------
 def matmul(a, b, *, device="cpu"):
     """a @ b of two tensors (matrices, or batches of them with the same leading axes)."""
@@ -128,7 +137,7 @@ def matmul(a, b, *, device="cpu"):
 
     def backward(g):
         ga = lib.matmul_bt(g, y) if a.requires_grad else None  # dC B^T
-        gb = lib.matmul(np.ascontiguousarray(_swap(x)), g) if b.requires_grad else None  # A^T dC
+        gb = _matmul_at(lib, x, g) if b.requires_grad else None  # A^T dC
         return ga, gb
 
     return operation("matmul", data, (a, b), backward)
@@ -148,7 +157,7 @@ def linear(x, weight, bias=None, *, device="cpu"):
     def backward(g):
         g2 = g.reshape(-1, g.shape[-1])
         gx = lib.matmul(g2, weight.data).reshape(x.shape) if x.requires_grad else None
-        gw = lib.matmul(np.ascontiguousarray(g2.T), x2) if weight.requires_grad else None
+        gw = _matmul_at(lib, g2, x2) if weight.requires_grad else None  # dy^T x
         gb = lib.reduce_rows(g2) if bias is not None and bias.requires_grad else None
         return gx, gw, gb
 
