@@ -370,41 +370,55 @@ def _microkernel(typingctx, kc, ap, bp, c, i0, j0, accumulate):
 @njit(cache=True)
 def _pack_a(A, i0, m, k0, kc, ap):
     """ap[p, k*MR + r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
-    The loop runs along whichever axis of A is contiguous, so a transposed view packs as fast."""
-    for p in range(ap.shape[0]):
-        rows = min(MR, m - p * MR)
-        if A.strides[1] <= A.strides[0]:  # rows of A contiguous: read along k
-            for r in range(rows):
-                for k in range(kc):
-                    ap[p, k * MR + r] = A[i0 + p * MR + r, k0 + k]
-        else:  # columns contiguous (A is a transposed view): read along the rows
-            for k in range(kc):
+    The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
+    columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster."""
+    if A.strides[0] < A.strides[1]:  # A is a transposed view: read down its columns
+        At = A.T
+        for k in range(kc):
+            src = At[k0 + k, i0:i0 + m]
+            for p in range(ap.shape[0]):
+                dst, rows = ap[p], min(MR, m - p * MR)
                 for r in range(rows):
-                    ap[p, k * MR + r] = A[i0 + p * MR + r, k0 + k]
-        for r in range(rows, MR):
-            for k in range(kc):
-                ap[p, k * MR + r] = 0
+                    dst[k * MR + r] = src[p * MR + r]
+                for r in range(rows, MR):
+                    dst[k * MR + r] = 0
+    else:
+        for p in range(ap.shape[0]):
+            dst, rows = ap[p], min(MR, m - p * MR)
+            for r in range(rows):
+                src = A[i0 + p * MR + r, k0:k0 + kc]
+                for k in range(kc):
+                    dst[k * MR + r] = src[k]
+            for r in range(rows, MR):
+                for k in range(kc):
+                    dst[k * MR + r] = 0
 
 
 @njit(cache=True)
 def _pack_b(B, k0, kc, j0, n, bp):
-    """bp[q, k*NR + s] = B[k0 + k, j0 + q*NR + s] (0 past the last column): panels of NR columns."""
+    """bp[q, k*NR + s] = B[k0 + k, j0 + q*NR + s] (0 past the last column): panels of NR columns,
+    k running; read along B's rows, or for a transposed view along its columns."""
     nr = bp.shape[1] // kc
-    for q in range(bp.shape[0]):
-        cols = min(nr, n - q * nr)
-        if B.strides[1] <= B.strides[0]:
-            for k in range(kc):
-                for s in range(cols):
-                    bp[q, k * nr + s] = B[k0 + k, j0 + q * nr + s]
-                for s in range(cols, nr):
-                    bp[q, k * nr + s] = 0
-        else:
+    if B.strides[0] < B.strides[1]:  # B is a transposed view (a Linear's weight, for x W^T)
+        Bt = B.T
+        for q in range(bp.shape[0]):
+            dst, cols = bp[q], min(nr, n - q * nr)
             for s in range(cols):
+                src = Bt[j0 + q * nr + s, k0:k0 + kc]
                 for k in range(kc):
-                    bp[q, k * nr + s] = B[k0 + k, j0 + q * nr + s]
-            for k in range(kc):
+                    dst[k * nr + s] = src[k]
+            for s in range(cols, nr):
+                for k in range(kc):
+                    dst[k * nr + s] = 0
+    else:
+        for k in range(kc):
+            src = B[k0 + k, j0:j0 + n]
+            for q in range(bp.shape[0]):
+                dst, cols = bp[q], min(nr, n - q * nr)
+                for s in range(cols):
+                    dst[k * nr + s] = src[q * nr + s]
                 for s in range(cols, nr):
-                    bp[q, k * nr + s] = 0
+                    dst[k * nr + s] = 0
 
 
 @njit(cache=True)
