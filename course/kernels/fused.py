@@ -19,9 +19,9 @@ Each is an ordinary operation of the engine (`operation(...)`), swapped in by
 
 Two helpers make the loops fast. NumPy's exp and tanh use the CPU's vector instructions (16
 float32 numbers per instruction on AVX-512); a scalar `math.exp` in a compiled loop is a call
-into the C library, about 7x slower, and `math.tanh` 40x. `_exp` below is written with only
-multiplications and additions (plus one bit trick), so the compiler vectorises loops that call
-it; `_tanh` is built on it. Both compute in float64 and are accurate to ~1e-14. The kernels
+into the C library, about 7x slower, and `math.tanh` 40x. `_exp` (in `cpu`, whose scan uses it
+too) is written with only multiplications and additions (plus one bit trick), so the compiler
+vectorises loops that call it; `_tanh` is built on it. Both compute in float64 and are accurate to ~1e-14. The kernels
 are compiled with `error_model="numpy"`: by default a compiled division checks for zero to raise
 Python's ZeroDivisionError, and that check alone stops a loop from vectorising (4x slower here).
 """
@@ -31,8 +31,6 @@ import weakref
 
 import numpy as np
 from numba import njit, prange
-from numba.core import types
-from numba.extending import intrinsic
 
 from ..tensor import Tensor, operation
 from ..tensor import functional as F
@@ -50,43 +48,7 @@ BLOCK_K = 64
 
 
 # ----- exp and tanh that vectorise ---------------------------------------------------------------------
-@intrinsic
-def _bits_as_float64(typingctx, bits):
-    """The float64 whose 64 bits are those of the int64 `bits` (a reinterpretation, not a conversion)."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-
-    return sig, codegen
-
-
-_LOG2E = 1.4426950408889634
-_LN2_HI = 0.693145751953125  # ln 2 split in two, so n * _LN2_HI is exact for |n| < 2048
-_LN2_LO = 1.4286068203094173e-06
-
-
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _exp(x):
-    """exp(x) in float64: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor series to r^11
-    (error below 1e-14), 2^n by writing n into the exponent bits."""
-    x = np.float64(x)
-    x = min(max(x, -708.0), 709.0)
-    n = math.floor(x * _LOG2E + 0.5)
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
-    return p * _bits_as_float64((np.int64(n) + 1023) << 52)
+_exp = cpu._exp  # exp in float64 with only multiply-adds (see `cpu`): loops that call it vectorise
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
