@@ -589,8 +589,9 @@ def matmul_at(at, b):
 
 # ----- the selective scan -------------------------------------------------------------------------------
 @njit(cache=True, parallel=True, fastmath=True)
-def _scan(u, delta, A, B, C, D, y, states, keep):
-    """One sequence per parallel iteration; the (d, n) state in a local array, updated in time order."""
+def _scan(u, delta, A, B, C, D, y, states, decays, keep, keep_decays):
+    """One sequence per parallel iteration; the (d, n) state in a local array, updated in time order.
+    The states (and the decays exp(delta A), when asked) are kept for the backward."""
     batch, length, channels = u.shape
     n = A.shape[1]
     for bi in prange(batch):
@@ -600,7 +601,10 @@ def _scan(u, delta, A, B, C, D, y, states, keep):
                 dt, x = delta[bi, t, d], u[bi, t, d]
                 acc = D[d] * x
                 for s in range(n):
-                    h[d, s] = _exp(dt * A[d, s]) * h[d, s] + dt * B[bi, t, s] * x
+                    decay = _exp(dt * A[d, s])
+                    if keep_decays:  # the same for the whole loop: the compiler takes the test out of it
+                        decays[bi, t, d, s] = decay
+                    h[d, s] = decay * h[d, s] + dt * B[bi, t, s] * x
                     acc += C[bi, t, s] * h[d, s]
                 y[bi, t, d] = acc
             if keep:
@@ -610,13 +614,15 @@ def _scan(u, delta, A, B, C, D, y, states, keep):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD):
-    """The reverse-time scan; dA and dD get a row per sequence (summed by the caller)."""
+def _scan_backward(g, u, delta, A, B, C, D, states, decays, saved, du, ddelta, dA, dB, dC, dD):
+    """The reverse-time scan; dA and dD get a row per sequence (summed by the caller). With `saved`,
+    the decays come from the forward instead of a second exp (twice as fast, for one more array)."""
     batch, length, channels = u.shape
     n = A.shape[1]
     for bi in prange(batch):
         dh = np.zeros((channels, n), dtype=u.dtype)  # what reaches h_t from the future
         for t in range(length - 1, -1, -1):
+            prev, first = max(t - 1, 0), u.dtype.type(t > 0)  # h_{-1} = 0
             for s in range(n):
                 dB[bi, t, s] = 0
                 dC[bi, t, s] = 0
@@ -625,8 +631,8 @@ def _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD):
                 d_delta = u.dtype.type(0)
                 s_B = u.dtype.type(0)
                 for s in range(n):
-                    decay = _exp(dt * A[d, s])
-                    h_prev = states[bi, t - 1, d, s] if t > 0 else u.dtype.type(0)
+                    decay = decays[bi, t, d, s] if saved else _exp(dt * A[d, s])
+                    h_prev = states[bi, prev, d, s] * first  # no branch in the loop: it vectorises
                     dh_t = dh[d, s] + gt * C[bi, t, s]
                     dC[bi, t, s] += gt * states[bi, t, d, s]
                     dB[bi, t, s] += dh_t * dt * x
@@ -657,23 +663,31 @@ def _scan_inputs(u, delta, A, B, C, D):
     return [np.ascontiguousarray(x, dtype=dtype) for x in (u, delta, A, B, C, D)]
 
 
-def selective_scan(u, delta, A, B, C, D=None, return_states=False):
+def selective_scan(u, delta, A, B, C, D=None, return_states=False, return_decays=False):
+    """y; with return_states, (y, states); with return_decays too, (y, states, decays) for the backward."""
     u, delta, A, B, C, D = _scan_inputs(u, delta, A, B, C, D)
     (b, l, d), n = u.shape, A.shape[1]
     y = np.empty_like(u)
     states = np.empty((b, l, d, n) if return_states else (1, 1, 1, 1), dtype=u.dtype)
-    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, return_states)
+    keep_decays = return_states and return_decays
+    decays = np.empty((b, l, d, n) if keep_decays else (1, 1, 1, 1), dtype=u.dtype)
+    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, decays, return_states, keep_decays)
     count("cpu.selective_scan")
-    return (y, states) if return_states else y
+    if not return_states:
+        return y
+    return (y, states, decays) if keep_decays else (y, states)
 
 
-def selective_scan_backward(g, u, delta, A, B, C, D, states):
+def selective_scan_backward(g, u, delta, A, B, C, D, states, decays=None):
     u, delta, A, B, C, D = _scan_inputs(u, delta, A, B, C, D)
     g = np.ascontiguousarray(g, dtype=u.dtype)
     b, d = u.shape[0], u.shape[2]
     du, ddelta = np.empty_like(u), np.empty_like(u)
     dB, dC = np.empty_like(B), np.empty_like(C)
     dA, dD = np.zeros((b,) + A.shape, u.dtype), np.zeros((b, d), u.dtype)
-    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD)
+    saved = decays is not None
+    decays = decays if saved else np.empty((1, 1, 1, 1), u.dtype)
+    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, decays, saved,
+         du, ddelta, dA, dB, dC, dD)
     count("cpu.selective_scan_backward")
     return du, ddelta, reduce_rows(dA), dB, dC, reduce_rows(dD)

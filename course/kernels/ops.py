@@ -97,8 +97,18 @@ class _Cpu:
     softmax_backward = staticmethod(cpu.softmax_backward)
     layer_norm = staticmethod(cpu.layer_norm)
     layer_norm_backward = staticmethod(cpu.layer_norm_backward)
-    selective_scan = staticmethod(cpu.selective_scan)
-    selective_scan_backward = staticmethod(cpu.selective_scan_backward)
+    @staticmethod
+    def selective_scan(*arrays, return_states=False):
+        """(y, saved): for the backward, the states and the decays exp(delta A) (one exp per step, not two)."""
+        if not return_states:
+            return cpu.selective_scan(*arrays), None
+        y, states, decays = cpu.selective_scan(*arrays, return_states=True, return_decays=True)
+        return y, (states, decays)
+
+    @staticmethod
+    def selective_scan_backward(g, *args):
+        *arrays, (states, decays) = args
+        return cpu.selective_scan_backward(g, *arrays, states, decays=decays)
 
 
 def _lib(device):
