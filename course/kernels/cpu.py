@@ -530,7 +530,8 @@ def _block_rows(m, threads):
 
 
 def _product(a, b):
-    """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides."""
+    """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides
+    (not counted as a launch: the public functions below count theirs, fused attention its own)."""
     dtype = a.dtype
     b = b.astype(dtype, copy=False)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -552,7 +553,6 @@ def _product(a, b):
         else:
             for i in range(len(a3)):
                 _run(_gemm, m * n * k, a3[i], b3[i], out3[i], _block_rows(m, n_threads))
-    count("cpu.matmul")
     return out
 
 
@@ -570,6 +570,7 @@ def matmul(a, b):
     """a @ b for float arrays: 2-D, or batched with the same leading axes, with any strides."""
     a, b = _operands(a, b, "matmul", lambda x: x.shape[-2:], lambda x: x.shape[-2:],
                      "two matrices (m, k) and (k, n)")
+    count("cpu.matmul")
     return _product(a, b)
 
 
@@ -577,6 +578,7 @@ def matmul_bt(a, bt):
     """a @ bt.T (bt holds B's transpose, as a Linear's weight does), read through a view."""
     a, bt = _operands(a, bt, "matmul_bt", lambda x: x.shape[-2:], lambda x: x.shape[-1:],
                       "(m, k) and (n, k)")
+    count("cpu.matmul")
     return _product(a, np.swapaxes(bt, -1, -2))
 
 
@@ -584,6 +586,7 @@ def matmul_at(at, b):
     """at.T @ b (at holds A's transpose: the weight gradient g^T x of a Linear), read through a view."""
     at, b = _operands(at, b, "matmul_at", lambda x: x.shape[-1:] + x.shape[-2:-1], lambda x: x.shape[-2:],
                       "(k, m) and (k, n)")
+    count("cpu.matmul")
     return _product(np.swapaxes(at, -1, -2), b)
 
 

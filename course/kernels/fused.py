@@ -282,23 +282,27 @@ def _softmax_backward_in_place(p, dp, scale):
                 dp[bh, i, j] = p[bh, i, j] * (dp[bh, i, j] - dot) * scale
 
 
+def _t(x):
+    return np.swapaxes(x, -1, -2)  # a view: the products read it through its strides
+
+
 def _attention_direct(q, k, v, causal):
     """The direct route for short sequences, as an operation of the engine."""
     q3, k3, v3 = _as3d(q.data), _as3d(k.data), _as3d(v.data)
     t_q, t_k = q3.shape[1], k3.shape[1]
     scale = 1 / np.sqrt(q.shape[-1])
-    p = cpu.matmul_bt(q3, k3)
+    p = cpu._product(q3, _t(k3))  # the products count as part of this one attention call
     cpu._run(_masked_softmax, p.size * 8, p, scale, bool(causal), t_k - t_q)
-    out = cpu.matmul(p, v3)
+    out = cpu._product(p, v3)
     count("cpu.attention_forward")
 
     def backward(g):
         g3 = _as3d(g.astype(p.dtype, copy=False))
-        dv = cpu.matmul_at(p, g3) if v.requires_grad else None
-        ds = cpu.matmul_bt(g3, v3)
+        dv = cpu._product(_t(p), g3) if v.requires_grad else None
+        ds = cpu._product(g3, _t(v3))
         cpu._run(_softmax_backward_in_place, p.size * 4, p, ds, ds.dtype.type(scale))
-        dq = cpu.matmul(ds, k3).reshape(q.shape) if q.requires_grad else None
-        dk = cpu.matmul_at(ds, q3).reshape(k.shape) if k.requires_grad else None
+        dq = cpu._product(ds, k3).reshape(q.shape) if q.requires_grad else None
+        dk = cpu._product(_t(ds), q3).reshape(k.shape) if k.requires_grad else None
         count("cpu.attention_backward")
         return dq, dk, None if dv is None else dv.reshape(v.shape)
 
