@@ -375,8 +375,9 @@ def _microkernel(typingctx, kc, ap, bp, c, i0, j0, accumulate):
         A = context.make_array(signature.args[1])(context, builder, ap)
         B = context.make_array(signature.args[2])(context, builder, bp)
         C = context.make_array(signature.args[3])(context, builder, c)
+        # fmuladd: one fused multiply-add where the CPU has the instruction, a multiply and an add where not
         fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vtype, [vtype] * 3), f"llvm.fma.v{lanes}f{8 * context.get_abi_sizeof(ftype)}")
+            builder.module, ir.FunctionType(vtype, [vtype] * 3), f"llvm.fmuladd.v{lanes}f{8 * context.get_abi_sizeof(ftype)}")
         # The 2 MR sums: stack slots that LLVM's first pass (mem2reg) turns into registers.
         zero = ir.Constant(vtype, [ir.Constant(ftype, 0.0)] * lanes)
         sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(MR)]
