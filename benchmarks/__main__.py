@@ -87,6 +87,8 @@ def run_row(module, row, threads, quick=False):
             result[engine] = {"skipped": out["skipped"]}
         else:
             result[engine] = {**summary(out["times"]), "check": out["check"]}
+            if out.get("peak_bytes") is not None:
+                result[engine]["peak_bytes"] = out["peak_bytes"]
             if out.get("label"):
                 result[f"{engine}_label"] = out["label"]
     c, r = result["course"], result["reference"]
@@ -111,8 +113,16 @@ def _cell(result, engine):
     return f"{fmt_seconds(t['median'])} ({_spread(t)})" if t["min"] != t["max"] else fmt_seconds(t["median"])
 
 
+def _megabytes(n):
+    return f"{n / 2 ** 20:.3g} MB"
+
+
 def _notes(result):
     notes = [result.get("note", "")]
+    peaks = {e: (result.get(e) or {}).get("peak_bytes") for e in ("course", "reference")}
+    if all(p is not None for p in peaks.values()):
+        notes.append(f"peak extra memory of a step: {result['course_label']} {_megabytes(peaks['course'])}, "
+                     f"{result['reference_label']} {_megabytes(peaks['reference'])}")
     for engine in ("course", "reference"):
         t = result.get(engine) or {}
         if "error" in t:

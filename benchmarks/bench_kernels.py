@@ -6,6 +6,10 @@ Rows (each engine in a process of its own, see benchmarks/harness.py):
 - The GPT training step of bench_gpt and the Mamba training step of bench_mamba, run inside
   `use_kernels("cpu")` against the same step on the NumPy path (the engine's default), with as
   many threads for Numba as for BLAS.
+- Causal attention forward + backward by tiles (`course.kernels.fused`) against the NumPy path at
+  T = 256 and 1024; the note under each gives the peak extra memory of one step of each (traced
+  by tracemalloc): the NumPy path holds (T, T) arrays of scores and probabilities, quadratic in T;
+  the tiles, linear.
 - On a GPU only: the register-blocked and the tiled CUDA matmuls at 4096 x 4096 float32 against
   cuBLAS (through PyTorch with TF32 off, or CuPy; the ratio's inverse is the fraction of cuBLAS's
   speed), and the selective-scan kernel against the CPU path. Without a GPU these rows say so:
@@ -229,6 +233,7 @@ def _attention(threads, T, fused):
         out.backward(g)
         return float(np.abs(q.grad).sum())
 
+    step.trace_memory = True  # the table's note gives each path's peak extra memory (tracemalloc)
     return step
 
 

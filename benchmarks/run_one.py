@@ -27,6 +27,20 @@ def _time_steps(step, warmup, steps):
     return times, check
 
 
+def _peak_bytes(step):
+    """The most memory one more step holds at once beyond what was held before it, as tracemalloc
+    sees it (NumPy's arrays; not the small scratch arrays allocated inside compiled kernels)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        step()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.run_one")
     p.add_argument("module")
@@ -71,9 +85,10 @@ def main(argv=None):
     steps = row.reference_steps if args.engine == "reference" and row.reference_steps else row.steps
     steps = steps if args.steps is None else args.steps
     times, check = _time_steps(step, max(warmup, 1), steps)
+    peak = _peak_bytes(step) if getattr(step, "trace_memory", False) else None
     blas = sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
     print(json.dumps({"times": times, "check": check, "threads": threads, "blas_threads": blas,
-                      "label": getattr(step, "label", None)}))
+                      "label": getattr(step, "label", None), "peak_bytes": peak}))
     return 0
 
 

@@ -41,39 +41,48 @@ def test_matmul_on_awkward_shapes(rng, dtype, m, k, n):
 
 
 def test_matmul_takes_strided_views(rng):
-    # Every row block of the register tile (2 or 4 rows, by the CPU), with edges left over, on
-    # inputs that are not contiguous: a column slice, a reversed view, every other row.
+    # Register blocks (6 rows by 2 vectors) with edges left over, on inputs that are not contiguous:
+    # a column slice, a reversed view, every other row; each product reads them through its strides.
     big_a, big_b = arr(rng, 30, 41, dtype=np.float32), arr(rng, 41, 23, dtype=np.float32)
     for a, b in ((big_a[:, 3:36], big_b[3:36]), (big_a[::-1, ::2], big_b[::2, ::-1]), (big_a[::2], big_b)):
         expected = a.astype(np.float64) @ b
         np.testing.assert_allclose(cpu.matmul(a, b), expected, **TOL[np.float32])
         np.testing.assert_allclose(cpu.matmul_bt(a, np.asfortranarray(b).T), expected, **TOL[np.float32])
+        np.testing.assert_allclose(cpu.matmul_at(np.asfortranarray(a).T, b), expected, **TOL[np.float32])
 
 
-def test_the_register_tile_fits_the_vector_registers():
-    assert cpu.TILE_ROWS == (4 if cpu._vector_registers() == 32 else 2)
+@pytest.mark.parametrize("m,threads", [(1, 1), (6, 2), (100, 2), (2048, 2), (2048, 1), (10 ** 5, 2)])
+def test_blocks_of_rows_are_whole_register_blocks_shared_evenly(m, threads):
+    mc = cpu._block_rows(m, threads)
+    blocks = -(-m // mc)
+    assert mc % cpu.MR == 0 and mc <= max(cpu.MC, cpu.MR)
+    assert blocks >= min(threads, -(-m // cpu.MR))  # every thread gets a block where there are enough rows
+    if m <= 20 * cpu.MC:  # a few blocks: as many for each thread (many: one more is a small share)
+        assert blocks % threads == 0 or blocks < threads
 
 
-@pytest.mark.parametrize("k,itemsize", [(64, 4), (512, 4), (3000, 4), (3000, 8), (10 ** 6, 8)])
-def test_a_panel_of_b_fits_in_half_of_l2_in_whole_tiles(k, itemsize):
-    nc = cpu._panel_width(k, itemsize)
-    assert nc % 4 == 0 and nc >= 4
-    assert nc * k * itemsize <= cpu.L2_BYTES // 2 or nc == 4
-
-
-def test_matmul_across_several_column_panels(rng):
-    # k = 3000 in float64 gives panels of 8 columns: 70 columns are 8 full panels and one of 6.
-    a, b = arr(rng, 7, 3000), arr(rng, 3000, 70)
-    assert cpu._panel_width(3000, 8) < 70
-    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, **TOL[np.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_across_several_blocks_of_k_and_of_rows(rng, dtype):
+    # k = 700 is three blocks of KC (the last one short) summed into C; 300 rows are several blocks of MC.
+    a, b = arr(rng, 300, 700, dtype=dtype), arr(rng, 700, 37, dtype=dtype)
+    assert a.shape[1] > 2 * cpu.KC and a.shape[0] > cpu.MC
+    expected = a.astype(np.float64) @ b
+    np.testing.assert_allclose(cpu.matmul(a, b), expected, rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 100)
+    np.testing.assert_allclose(cpu.matmul_at(np.ascontiguousarray(a.T), b), expected,
+                               rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 100)
 
 
 def test_matmul_takes_a_transposed_view_and_batches(rng):
     a, b = arr(rng, 9, 6), arr(rng, 7, 6)
     np.testing.assert_allclose(cpu.matmul(a, b.T), a @ b.T, rtol=1e-12)
     np.testing.assert_allclose(cpu.matmul_bt(a, b), a @ b.T, rtol=1e-12)
+    np.testing.assert_allclose(cpu.matmul_at(b.T, a.T), b @ a.T, rtol=1e-12)
     a3, b3 = arr(rng, 2, 3, 5, 7), arr(rng, 2, 3, 7, 6)
     np.testing.assert_allclose(cpu.matmul(a3, b3), a3 @ b3, rtol=1e-12)
+    np.testing.assert_allclose(cpu.matmul(a3, np.swapaxes(b3, -1, -2).copy().swapaxes(-1, -2)), a3 @ b3, rtol=1e-12)
+    np.testing.assert_allclose(cpu.matmul_at(np.swapaxes(a3, -1, -2), b3), a3 @ b3, rtol=1e-12)
+    a5, b5 = arr(rng, 5, 4, 3), arr(rng, 5, 3, 6)  # batches enough to share out whole
+    np.testing.assert_allclose(cpu.matmul(a5, b5), a5 @ b5, rtol=1e-12)
 
 
 def test_matmul_errors_name_both_shapes(rng):
@@ -83,6 +92,10 @@ def test_matmul_errors_name_both_shapes(rng):
         cpu.matmul(arr(rng, 2, 3, 4), arr(rng, 3, 4, 2))
     with pytest.raises(TypeError, match="int64.*float32 or float64"):
         cpu.matmul(np.ones((2, 2), np.int64), arr(rng, 2, 2))
+    with pytest.raises(ValueError, match=r"matmul_at: shapes \(3, 4\) and \(5, 2\)"):
+        cpu.matmul_at(arr(rng, 3, 4), arr(rng, 5, 2))
+    with pytest.raises(ValueError, match=r"matmul_bt: shapes \(3, 4\) and \(5, 2\)"):
+        cpu.matmul_bt(arr(rng, 3, 4), arr(rng, 5, 2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,24 +13,22 @@ several threads only when there is enough work to share and threads to spare: it
 OMP_NUM_THREADS (the limit NumPy's BLAS obeys; `make test` sets it to 1) unless NUMBA_NUM_THREADS
 is set.
 
-The matrix product is the interesting one. A CPU core is fast when (1) it multiplies 8 or 16
-numbers at once with one vector instruction, and (2) the numbers come from its small caches
-rather than from memory. `matmul` computes C = A B as dot products of rows of A with rows of
-B^T (both contiguous along k, so the compiler vectorises the loop over k), several at a time (a
-register tile): each number of A loaded is used for 4 columns, each of B^T for every row of the
-tile, and the running sums stay in vector registers. How many fit depends on the CPU: with
-AVX-512 there are 32 vector registers, enough for a 4 x 4 tile (16 sums + 8 loaded vectors);
-with AVX2 there are 16, and a 4 x 4 tile spills sums to memory on every step of the loop, so the
-tile is 2 x 4 there (8 sums + 6 loaded vectors). `TILE_ROWS` holds the choice for this machine.
-For (2), C is computed in column panels whose rows of B^T fit in the core's L2 cache (see
-`_panel_width`). B^T is made once, up front (a transposed view such as `b.T` already is one).
+The matrix product is the interesting one: `matmul` is built as the vendor BLAS libraries build
+theirs (a register micro-kernel, packing, cache blocking, threads over blocks of C; see the
+section below and lesson 6.5), and reads its operands through their strides, so `matmul_bt(a,
+bt)` (a @ bt.T) and `matmul_at(at, b)` (at.T @ b), the products of a Linear's backward, never
+transpose anything first.
 """
 
+import math
 import os
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .launch import count
 
@@ -39,25 +37,6 @@ from .launch import count
 # compiler may not assume they are absent, and error_model="numpy" makes 1/0 give inf, not raise.
 ROWS_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
-
-def _vector_registers():
-    """32 where the CPU Numba compiles for has AVX-512, else 16 (AVX2, and fewer on older CPUs)."""
-    features = numba.config.CPU_FEATURES  # set by NUMBA_CPU_FEATURES, to compile for another CPU
-    if not features:
-        try:
-            from llvmlite import binding
-
-            features = binding.get_host_cpu_features().flatten()
-        except Exception:  # noqa: BLE001  (no feature list: assume the smaller register file)
-            features = ""
-    return 32 if "+avx512f" in features.split(",") else 16
-
-
-# Rows of C per register tile (by 4 columns): 4 x 4 where 32 vector registers hold the 16 sums
-# and the 8 vectors loaded per step, 2 x 4 where there are only 16 (measured on an AVX-512 CPU
-# compiling for AVX2, one thread, 1024 x 1024 float32, before the column panels below: 4 x 4
-# reached 0.48x and 2 x 4 0.60x the speed of NumPy's BLAS).
-TILE_ROWS = 4 if _vector_registers() == 32 else 2
 
 # Below this many multiply-adds a call takes well under a millisecond on one thread, and sharing it
 # out costs more than it saves.
@@ -83,6 +62,46 @@ def _run(loop, work, *args):
         loop(*args)
     finally:
         numba.set_num_threads(before)
+
+# ----- exp that vectorises (the scan's, and the fused kernels' of lesson 6.5) -------------------------
+@intrinsic
+def _bits_as_float64(typingctx, bits):
+    """The float64 whose 64 bits are those of the int64 `bits` (a reinterpretation, not a conversion)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+
+    return sig, codegen
+
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693145751953125  # ln 2 split in two, so n * _LN2_HI is exact for |n| < 2048
+_LN2_LO = 1.4286068203094173e-06
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _exp(x):
+    """exp(x) in float64: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor series to r^11
+    (error below 1e-14), 2^n by writing n into the exponent bits."""
+    x = np.float64(x)
+    x = min(max(x, -708.0), 709.0)
+    n = math.floor(x * _LOG2E + 0.5)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p * _bits_as_float64((np.int64(n) + 1023) << 52)
+
 
 # ----- elementwise and sums ---------------------------------------------------------------------------
 
@@ -306,207 +325,277 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 
 
 # ----- the matrix product ---------------------------------------------------------------------------------
-@njit(cache=True, fastmath=True, inline="always")
-def _dot(A, i, BT, j):
-    s = A.dtype.type(0)
-    for k in range(A.shape[1]):
-        s += A[i, k] * BT[j, k]
-    return s
+# C = A B the way the vendor BLAS libraries compute it (GotoBLAS, BLIS), in four steps, each one a
+# reason for speed that the lesson 6.5 measures:
+#
+# 1. A register micro-kernel. A (MR x NR) block of C is summed in vector registers over a run of k:
+#    at each k it loads NR numbers of B (two vectors), and for each of the MR rows broadcasts one
+#    number of A and does two fused multiply-adds. That is 2 MR multiply-adds for 2 vector loads
+#    and MR broadcasts, and the 2 MR sums never leave the registers until the run ends. With 6 x 16
+#    float32 on 256-bit vectors (8 lanes) that is 12 sums + 2 loaded vectors + 1 broadcast = 15 of
+#    the 16 registers of AVX2. Numba's loop vectoriser does not find this on its own (it vectorises
+#    the loop over k as a sum, and spills), so `_microkernel` states it in LLVM's own vector
+#    instructions: a loop whose 12 sums are `<8 x float>` values, which the compiler keeps in
+#    registers.
+# 2. Packing. The micro-kernel reads its numbers of A and B one after the other, in the order it
+#    uses them: a panel of A (MR rows, k running) and one of B (NR columns, k running) are copied
+#    into small contiguous buffers first. Reading A and B for the copy goes through their strides,
+#    so a transposed view costs nothing more: `matmul_bt(a, bt)` is `a @ bt.T` with the view
+#    `bt.T` and `matmul_at(at, b)` is `at.T @ b`; nobody transposes anything up front.
+# 3. Cache blocking. A block of KC rows of B (all its columns, up to NC) is packed once and stays
+#    in the L3/L2 cache; a block of MC rows of A, packed, stays in L2; each NR-wide panel of the
+#    packed B (KC x NR numbers, 16 KB in float32) stays in L1 while every MR-row panel of A passes
+#    by. So each number is read from memory about once per block, not once per use.
+# 4. Threads over blocks of C: the MC-row blocks of C are independent (each thread packs its own
+#    A block), so they are shared out with `prange`; blocks are cut so each thread gets as many.
+MR = 6  # rows of the register block
+KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
+MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
+NC = 4096  # columns of B per packed block
+
+# The vector width the micro-kernel writes: 256 bits (AVX2, and what AVX-512 also runs at full
+# speed). VECTOR_BYTES / itemsize numbers per vector, two vectors per row: NR = 16 in float32, 8 in float64.
+VECTOR_BYTES = 32
 
 
-@njit(cache=True, fastmath=True)
-def _matmul_rows_4(A, BT, C, i, j0, j1):
-    """C[i:i+4, j0:j1] of C = A BT^T (fewer rows at the bottom edge), in 4 x 4 tiles."""
-    M, K = A.shape
-    if i + 4 > M:  # the last rows, when M is not a multiple of 4: one dot product each
-        for r in range(i, M):
-            for j in range(j0, j1):
-                C[r, j] = _dot(A, r, BT, j)
-        return
-    j = j0
-    while j + 4 <= j1:
-        # 16 dot products at once. fastmath lets the compiler reorder each sum, so the loop over
-        # k runs on vector registers: 16 accumulators, 8 loads per 16 multiply-adds.
-        s00 = s01 = s02 = s03 = A.dtype.type(0)
-        s10 = s11 = s12 = s13 = A.dtype.type(0)
-        s20 = s21 = s22 = s23 = A.dtype.type(0)
-        s30 = s31 = s32 = s33 = A.dtype.type(0)
-        # One 1-D view per row: each is a base address and a unit stride, so the loop needs one
-        # register per row and a counter, not a row-times-stride sum per load.
-        r0, r1, r2, r3 = A[i], A[i + 1], A[i + 2], A[i + 3]
-        c0, c1, c2, c3 = BT[j], BT[j + 1], BT[j + 2], BT[j + 3]
-        for k in range(K):
-            a0, a1, a2, a3 = r0[k], r1[k], r2[k], r3[k]
-            b0, b1, b2, b3 = c0[k], c1[k], c2[k], c3[k]
-            s00 += a0 * b0
-            s01 += a0 * b1
-            s02 += a0 * b2
-            s03 += a0 * b3
-            s10 += a1 * b0
-            s11 += a1 * b1
-            s12 += a1 * b2
-            s13 += a1 * b3
-            s20 += a2 * b0
-            s21 += a2 * b1
-            s22 += a2 * b2
-            s23 += a2 * b3
-            s30 += a3 * b0
-            s31 += a3 * b1
-            s32 += a3 * b2
-            s33 += a3 * b3
-        C[i, j], C[i, j + 1], C[i, j + 2], C[i, j + 3] = s00, s01, s02, s03
-        C[i + 1, j], C[i + 1, j + 1], C[i + 1, j + 2], C[i + 1, j + 3] = s10, s11, s12, s13
-        C[i + 2, j], C[i + 2, j + 1], C[i + 2, j + 2], C[i + 2, j + 3] = s20, s21, s22, s23
-        C[i + 3, j], C[i + 3, j + 1], C[i + 3, j + 2], C[i + 3, j + 3] = s30, s31, s32, s33
-        j += 4
-    for jj in range(j, j1):  # the last columns, when the panel's width is not a multiple of 4
-        for r in range(i, i + 4):
-            C[r, jj] = _dot(A, r, BT, jj)
+@intrinsic
+def _microkernel(typingctx, kc, ap, bp, c, i0, j0, accumulate):
+    """c[i0:i0+MR, j0:j0+NR] = (c[...] if accumulate else 0) + sum over k < kc of the outer product
+    of ap[k*MR:(k+1)*MR] (a column of A's packed panel) and bp[k*NR:(k+1)*NR] (a row of B's)."""
+    sig = types.void(kc, ap, bp, c, i0, j0, accumulate)
 
+    def codegen(context, builder, signature, args):
+        kc, ap, bp, c, i0, j0, accumulate = args
+        dtype = signature.args[3].dtype
+        ftype = context.get_value_type(dtype)
+        lanes = VECTOR_BYTES // context.get_abi_sizeof(ftype)
+        vtype, vptr = ir.VectorType(ftype, lanes), ir.VectorType(ftype, lanes).as_pointer()
+        intp = context.get_value_type(types.intp)
+        const = lambda i: ir.Constant(intp, i)  # noqa: E731
+        A = context.make_array(signature.args[1])(context, builder, ap)
+        B = context.make_array(signature.args[2])(context, builder, bp)
+        C = context.make_array(signature.args[3])(context, builder, c)
+        # fmuladd: one fused multiply-add where the CPU has the instruction, a multiply and an add where not
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vtype, [vtype] * 3), f"llvm.fmuladd.v{lanes}f{8 * context.get_abi_sizeof(ftype)}")
+        # The 2 MR sums: stack slots that LLVM's first pass (mem2reg) turns into registers.
+        zero = ir.Constant(vtype, [ir.Constant(ftype, 0.0)] * lanes)
+        sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(MR)]
+        splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        with cgutils.for_range(builder, kc) as loop:
+            b_row = builder.gep(B.data, [builder.mul(loop.index, const(2 * lanes))])
+            b = [builder.load(builder.bitcast(builder.gep(b_row, [const(h * lanes)]), vptr), align=1)
+                 for h in range(2)]
+            a_col = builder.gep(A.data, [builder.mul(loop.index, const(MR))])
+            for i in range(MR):
+                a = builder.insert_element(ir.Constant(vtype, None), builder.load(builder.gep(a_col, [const(i)])),
+                                           ir.Constant(ir.IntType(32), 0))
+                a = builder.shuffle_vector(a, ir.Constant(vtype, None), splat)  # broadcast to every lane
+                for h in range(2):
+                    builder.store(builder.call(fma, [a, b[h], builder.load(sums[i][h])]), sums[i][h])
+        shape, strides = cgutils.unpack_tuple(builder, C.shape, 2), cgutils.unpack_tuple(builder, C.strides, 2)
+        add = builder.icmp_unsigned("!=", accumulate, ir.Constant(accumulate.type, 0))
+        for i in range(MR):
+            for h in range(2):
+                index = [builder.add(i0, const(i)), builder.add(j0, const(h * lanes))]
+                ptr = builder.bitcast(cgutils.get_item_pointer2(context, builder, C.data, shape, strides, "C", index),
+                                      vptr)
+                total = builder.load(sums[i][h])
+                with builder.if_then(add):
+                    builder.store(builder.fadd(builder.load(ptr, align=1), total), sums[i][h])
+                builder.store(builder.load(sums[i][h]), ptr, align=1)
+        return context.get_dummy_value()
 
-@njit(cache=True, fastmath=True)
-def _matmul_rows_2(A, BT, C, i, j0, j1):
-    """C[i:i+2, j0:j1] of C = A BT^T (one row at the bottom edge), in 2 x 4 tiles: for 16 registers."""
-    M, K = A.shape
-    if i + 2 > M:
-        for j in range(j0, j1):
-            C[i, j] = _dot(A, i, BT, j)
-        return
-    j = j0
-    while j + 4 <= j1:
-        # 8 dot products at once: 8 accumulators and 6 loads per 8 multiply-adds, 14 registers.
-        s00 = s01 = s02 = s03 = A.dtype.type(0)
-        s10 = s11 = s12 = s13 = A.dtype.type(0)
-        r0, r1 = A[i], A[i + 1]
-        c0, c1, c2, c3 = BT[j], BT[j + 1], BT[j + 2], BT[j + 3]
-        for k in range(K):
-            a0, a1 = r0[k], r1[k]
-            b0, b1, b2, b3 = c0[k], c1[k], c2[k], c3[k]
-            s00 += a0 * b0
-            s01 += a0 * b1
-            s02 += a0 * b2
-            s03 += a0 * b3
-            s10 += a1 * b0
-            s11 += a1 * b1
-            s12 += a1 * b2
-            s13 += a1 * b3
-        C[i, j], C[i, j + 1], C[i, j + 2], C[i, j + 3] = s00, s01, s02, s03
-        C[i + 1, j], C[i + 1, j + 1], C[i + 1, j + 2], C[i + 1, j + 3] = s10, s11, s12, s13
-        j += 4
-    for jj in range(j, j1):
-        for r in range(i, i + 2):
-            C[r, jj] = _dot(A, r, BT, jj)
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _matmul_rows(A, BT, C, block, j0, j1):
-    """Row block `block` of C, columns j0:j1, with this machine's register tile (TILE_ROWS is a
-    constant to Numba: the branch not taken is not compiled)."""
-    if TILE_ROWS == 4:
-        _matmul_rows_4(A, BT, C, 4 * block, j0, j1)
-    else:
-        _matmul_rows_2(A, BT, C, 2 * block, j0, j1)
-
-
-# Cache blocking. Without it, every row block of A reads the whole of B^T: at 2048 x 2048 that is
-# 16 MB, more than the caches hold, read again from memory for each of the 512 (or 1024) row
-# blocks. So C is computed in column panels: `nc` rows of B^T, which fit in half of the core's
-# L2 cache, are read by every row block of A before the next panel, and come from L2 each time.
-L2_BYTES = 512 * 1024  # the smallest L2 of current x86 cores (AMD Zen 2/3); larger ones only gain
-
-
-def _panel_width(k, itemsize):
-    """Rows of B^T (columns of C) per panel: as many as fill half of L2, in whole register tiles."""
-    return max(4, (L2_BYTES // 2) // max(k * itemsize, 1) // 4 * 4)
-
-
-@njit(cache=True, parallel=True)
-def _matmul_bt(A, BT, C, nc):
-    """C = A @ BT.T with A (m, k) and BT (n, k), both C-contiguous: panel by panel of nc columns,
-    the row blocks of each panel in parallel."""
-    N = BT.shape[0]
-    for j0 in range(0, N, nc):
-        for block in prange((A.shape[0] + TILE_ROWS - 1) // TILE_ROWS):
-            _matmul_rows(A, BT, C, block, j0, min(N, j0 + nc))
-
-
-@njit(cache=True, parallel=True)
-def _matmul_bt_batched(A, BT, C, nc):
-    """The same for a batch: A (b, m, k), BT (b, n, k), C (b, m, n); (batch, row block) in parallel."""
-    N = BT.shape[1]
-    blocks = (A.shape[1] + TILE_ROWS - 1) // TILE_ROWS
-    for j0 in range(0, N, nc):
-        for job in prange(A.shape[0] * blocks):
-            b, block = job // blocks, job % blocks
-            _matmul_rows(A[b], BT[b], C[b], block, j0, min(N, j0 + nc))
-
-
-def matmul_bt(a, bt):
-    """a @ bt.T (bt holds B's transpose): 2-D, or batched over the leading axes of both."""
-    if a.ndim < 2 or a.ndim != bt.ndim or a.shape[:-2] != bt.shape[:-2] or a.shape[-1] != bt.shape[-1]:
-        raise ValueError(f"cpu.matmul_bt: shapes {a.shape} and {bt.shape} do not match: it takes (m, k) and "
-                         f"(n, k), or batches of them with the same leading axes")
-    a = np.ascontiguousarray(a)
-    bt = np.ascontiguousarray(bt, dtype=a.dtype)
-    out = np.empty(a.shape[:-1] + bt.shape[-2:-1], dtype=a.dtype)
-    if out.size == 0:
-        return out
-    if a.shape[-1] == 0:
-        out[...] = 0
-    elif a.ndim == 2:
-        _run(_matmul_bt, out.size * a.shape[-1], a, bt, out, _panel_width(a.shape[-1], a.itemsize))
-    else:
-        m, k, n = a.shape[-2], a.shape[-1], bt.shape[-2]
-        _run(_matmul_bt_batched, out.size * k, a.reshape(-1, m, k), bt.reshape(-1, n, k), out.reshape(-1, m, n),
-             _panel_width(k, a.itemsize))
-    count("cpu.matmul")
-    return out
+    return sig, codegen
 
 
 @njit(cache=True)
-def _transpose(B, BT):
-    """BT[b] = B[b].T for a batch of matrices, in square blocks of 32 x 32: a block of B (32 rows)
-    and a block of BT (32 rows) both stay in the L1 cache while it is copied. Read row by row
-    and written column by column, as a plain copy of the transpose would, each write would fall
-    on a new cache line. Measured at 512 x 512 float32 on one thread: 0.6 ms for NumPy's
-    `ascontiguousarray(b.T)`, 0.3 ms for this, next to about 4 ms for the product."""
-    T = 32
-    rows, cols = B.shape[1], B.shape[2]
-    for b in range(B.shape[0]):
-        for i0 in range(0, rows, T):
-            for j0 in range(0, cols, T):
-                for i in range(i0, min(i0 + T, rows)):
-                    for j in range(j0, min(j0 + T, cols)):
-                        BT[b, j, i] = B[b, i, j]
+def _pack_a(A, i0, m, k0, kc, ap):
+    """ap[p, k*MR + r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
+    The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
+    columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster."""
+    if A.strides[0] < A.strides[1]:  # A is a transposed view: read down its columns
+        At = A.T
+        for k in range(kc):
+            src = At[k0 + k, i0:i0 + m]
+            for p in range(ap.shape[0]):
+                dst, rows = ap[p], min(MR, m - p * MR)
+                for r in range(rows):
+                    dst[k * MR + r] = src[p * MR + r]
+                for r in range(rows, MR):
+                    dst[k * MR + r] = 0
+    else:
+        for p in range(ap.shape[0]):
+            dst, rows = ap[p], min(MR, m - p * MR)
+            for r in range(rows):
+                src = A[i0 + p * MR + r, k0:k0 + kc]
+                for k in range(kc):
+                    dst[k * MR + r] = src[k]
+            for r in range(rows, MR):
+                for k in range(kc):
+                    dst[k * MR + r] = 0
 
 
-def _transposed(b):
-    """b's transpose over the last two axes, C-contiguous (a view when b.T already is)."""
-    bt = np.swapaxes(b, -1, -2)
-    if bt.flags.c_contiguous or b.size == 0:
-        return bt
-    k, n = b.shape[-2:]
-    src = np.ascontiguousarray(b).reshape(-1, k, n)
-    out = np.empty((src.shape[0], n, k), dtype=b.dtype)
-    _transpose(src, out)
-    return out.reshape(b.shape[:-2] + (n, k))
+@njit(cache=True)
+def _pack_b(B, k0, kc, j0, n, bp):
+    """bp[q, k*NR + s] = B[k0 + k, j0 + q*NR + s] (0 past the last column): panels of NR columns,
+    k running; read along B's rows, or for a transposed view along its columns."""
+    nr = bp.shape[1] // kc
+    if B.strides[0] < B.strides[1]:  # B is a transposed view (a Linear's weight, for x W^T)
+        Bt = B.T
+        for q in range(bp.shape[0]):
+            dst, cols = bp[q], min(nr, n - q * nr)
+            for s in range(cols):
+                src = Bt[j0 + q * nr + s, k0:k0 + kc]
+                for k in range(kc):
+                    dst[k * nr + s] = src[k]
+            for s in range(cols, nr):
+                for k in range(kc):
+                    dst[k * nr + s] = 0
+    else:
+        for k in range(kc):
+            src = B[k0 + k, j0:j0 + n]
+            for q in range(bp.shape[0]):
+                dst, cols = bp[q], min(nr, n - q * nr)
+                for s in range(cols):
+                    dst[k * nr + s] = src[q * nr + s]
+                for s in range(cols, nr):
+                    dst[k * nr + s] = 0
+
+
+@njit(cache=True)
+def _block(A, bp, C, i0, m, k0, kc, j0, n, accumulate):
+    """C[i0:i0+m, j0:j0+n] (+)= A[i0:i0+m, k0:k0+kc] times the packed block bp of B."""
+    nr = bp.shape[1] // kc
+    ap = np.empty(((m + MR - 1) // MR, kc * MR), dtype=C.dtype)
+    _pack_a(A, i0, m, k0, kc, ap)
+    edge = np.empty((MR, nr), dtype=C.dtype)  # a whole register block, for the ragged edges of C
+    for q in range(bp.shape[0]):  # this panel of B stays in L1 while the panels of A pass by
+        j, cols = j0 + q * nr, min(nr, n - q * nr)
+        for p in range(ap.shape[0]):
+            i, rows = i0 + p * MR, min(MR, m - p * MR)
+            if rows == MR and cols == nr:
+                _microkernel(kc, ap[p], bp[q], C, i, j, accumulate)
+            else:
+                _microkernel(kc, ap[p], bp[q], edge, 0, 0, False)
+                for r in range(rows):
+                    for s in range(cols):
+                        C[i + r, j + s] = edge[r, s] + C[i + r, j + s] if accumulate else edge[r, s]
+
+
+@njit(cache=True)
+def _gemm_serial(A, B, C, mc):
+    M, K = A.shape
+    N = B.shape[1]
+    nr = 2 * VECTOR_BYTES // C.itemsize
+    for j0 in range(0, N, NC):
+        n = min(NC, N - j0)
+        for k0 in range(0, K, KC):
+            kc = min(KC, K - k0)
+            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
+            _pack_b(B, k0, kc, j0, n, bp)
+            for i0 in range(0, M, mc):
+                _block(A, bp, C, i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
+
+
+@njit(cache=True, parallel=True)
+def _gemm(A, B, C, mc):
+    """C = A B for 2-D A (m, k) and B (k, n) of any strides: block of B by block of B, packed once,
+    the MC-row blocks of C in parallel."""
+    M, K = A.shape
+    N = B.shape[1]
+    nr = 2 * VECTOR_BYTES // C.itemsize
+    for j0 in range(0, N, NC):
+        n = min(NC, N - j0)
+        for k0 in range(0, K, KC):
+            kc = min(KC, K - k0)
+            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
+            _pack_b(B, k0, kc, j0, n, bp)
+            for block in prange((M + mc - 1) // mc):
+                i0 = block * mc
+                _block(A, bp, C, i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
+
+
+@njit(cache=True, parallel=True)
+def _gemm_batched(A, B, C, mc):
+    """The same for batches A (b, m, k), B (b, k, n): one matrix per parallel iteration."""
+    for i in prange(A.shape[0]):
+        _gemm_serial(A[i], B[i], C[i], mc)
+
+
+def _block_rows(m, threads):
+    """Rows per block: at most MC, in whole register blocks, and as many blocks per thread."""
+    blocks = max(threads, -(-m // MC))
+    blocks = -(-blocks // threads) * threads
+    return MR * max(1, -(-(-(-m // MR)) // blocks))
+
+
+def _product(a, b):
+    """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides
+    (not counted as a launch: the public functions below count theirs, fused attention its own)."""
+    dtype = a.dtype
+    b = b.astype(dtype, copy=False)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    out = np.empty(a.shape[:-1] + (n,), dtype=dtype)
+    if out.size == 0:
+        return out
+    if k == 0:
+        out[...] = 0
+        return out
+    work = out.size * k
+    n_threads = threads() if work >= PARALLEL_WORK else 1
+    if a.ndim == 2:
+        _run(_gemm, work, a, b, out, _block_rows(m, n_threads))
+    else:
+        a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
+        out3 = out.reshape((-1, m, n))
+        if len(a3) >= 2 * n_threads:  # enough matrices to share out whole
+            _run(_gemm_batched, work, a3, b3, out3, _block_rows(m, 1))
+        else:
+            for i in range(len(a3)):
+                _run(_gemm, m * n * k, a3[i], b3[i], out3[i], _block_rows(m, n_threads))
+    return out
+
+
+def _operands(a, b, name, a_shape, b_shape, how):
+    a, b = np.asarray(a), np.asarray(b)
+    for what, x in (("a", a), ("b", b)):
+        _floats(x, name, what)  # checks the dtype only: the kernel reads any strides
+    if a.ndim < 2 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a_shape(a)[-1] != b_shape(b)[0]:
+        raise ValueError(f"cpu.{name}: shapes {a.shape} and {b.shape} do not match: it takes {how}, or batches "
+                         f"of them with the same leading axes")
+    return a, b
 
 
 def matmul(a, b):
-    """a @ b for float arrays: 2-D, or batched with the same leading axes (b's transpose is made here)."""
-    a, b = np.asarray(a), np.asarray(b)
-    for what, x in (("a", a), ("b", b)):
-        _floats(x, "matmul", what)
-    if a.ndim < 2 or b.ndim < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"cpu.matmul: shapes {a.shape} and {b.shape} do not match: it takes two matrices "
-                         f"(m, k) and (k, n), or batches of them with the same leading axes")
-    return matmul_bt(a, _transposed(b.astype(a.dtype, copy=False)))
+    """a @ b for float arrays: 2-D, or batched with the same leading axes, with any strides."""
+    a, b = _operands(a, b, "matmul", lambda x: x.shape[-2:], lambda x: x.shape[-2:],
+                     "two matrices (m, k) and (k, n)")
+    count("cpu.matmul")
+    return _product(a, b)
+
+
+def matmul_bt(a, bt):
+    """a @ bt.T (bt holds B's transpose, as a Linear's weight does), read through a view."""
+    a, bt = _operands(a, bt, "matmul_bt", lambda x: x.shape[-2:], lambda x: x.shape[-1:],
+                      "(m, k) and (n, k)")
+    count("cpu.matmul")
+    return _product(a, np.swapaxes(bt, -1, -2))
+
+
+def matmul_at(at, b):
+    """at.T @ b (at holds A's transpose: the weight gradient g^T x of a Linear), read through a view."""
+    at, b = _operands(at, b, "matmul_at", lambda x: x.shape[-1:] + x.shape[-2:-1], lambda x: x.shape[-2:],
+                      "(k, m) and (k, n)")
+    count("cpu.matmul")
+    return _product(np.swapaxes(at, -1, -2), b)
 
 
 # ----- the selective scan -------------------------------------------------------------------------------
 @njit(cache=True, parallel=True, fastmath=True)
-def _scan(u, delta, A, B, C, D, y, states, keep):
-    """One sequence per parallel iteration; the (d, n) state in a local array, updated in time order."""
+def _scan(u, delta, A, B, C, D, y, states, decays, keep, keep_decays):
+    """One sequence per parallel iteration; the (d, n) state in a local array, updated in time order.
+    The states (and the decays exp(delta A), when asked) are kept for the backward."""
     batch, length, channels = u.shape
     n = A.shape[1]
     for bi in prange(batch):
@@ -516,7 +605,10 @@ def _scan(u, delta, A, B, C, D, y, states, keep):
                 dt, x = delta[bi, t, d], u[bi, t, d]
                 acc = D[d] * x
                 for s in range(n):
-                    h[d, s] = np.exp(dt * A[d, s]) * h[d, s] + dt * B[bi, t, s] * x
+                    decay = _exp(dt * A[d, s])
+                    if keep_decays:  # the same for the whole loop: the compiler takes the test out of it
+                        decays[bi, t, d, s] = decay
+                    h[d, s] = decay * h[d, s] + dt * B[bi, t, s] * x
                     acc += C[bi, t, s] * h[d, s]
                 y[bi, t, d] = acc
             if keep:
@@ -526,13 +618,15 @@ def _scan(u, delta, A, B, C, D, y, states, keep):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD):
-    """The reverse-time scan; dA and dD get a row per sequence (summed by the caller)."""
+def _scan_backward(g, u, delta, A, B, C, D, states, decays, saved, du, ddelta, dA, dB, dC, dD):
+    """The reverse-time scan; dA and dD get a row per sequence (summed by the caller). With `saved`,
+    the decays come from the forward instead of a second exp (twice as fast, for one more array)."""
     batch, length, channels = u.shape
     n = A.shape[1]
     for bi in prange(batch):
         dh = np.zeros((channels, n), dtype=u.dtype)  # what reaches h_t from the future
         for t in range(length - 1, -1, -1):
+            prev, first = max(t - 1, 0), u.dtype.type(t > 0)  # h_{-1} = 0
             for s in range(n):
                 dB[bi, t, s] = 0
                 dC[bi, t, s] = 0
@@ -541,8 +635,8 @@ def _scan_backward(g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD):
                 d_delta = u.dtype.type(0)
                 s_B = u.dtype.type(0)
                 for s in range(n):
-                    decay = np.exp(dt * A[d, s])
-                    h_prev = states[bi, t - 1, d, s] if t > 0 else u.dtype.type(0)
+                    decay = decays[bi, t, d, s] if saved else _exp(dt * A[d, s])
+                    h_prev = states[bi, prev, d, s] * first  # no branch in the loop: it vectorises
                     dh_t = dh[d, s] + gt * C[bi, t, s]
                     dC[bi, t, s] += gt * states[bi, t, d, s]
                     dB[bi, t, s] += dh_t * dt * x
@@ -573,23 +667,31 @@ def _scan_inputs(u, delta, A, B, C, D):
     return [np.ascontiguousarray(x, dtype=dtype) for x in (u, delta, A, B, C, D)]
 
 
-def selective_scan(u, delta, A, B, C, D=None, return_states=False):
+def selective_scan(u, delta, A, B, C, D=None, return_states=False, return_decays=False):
+    """y; with return_states, (y, states); with return_decays too, (y, states, decays) for the backward."""
     u, delta, A, B, C, D = _scan_inputs(u, delta, A, B, C, D)
     (b, l, d), n = u.shape, A.shape[1]
     y = np.empty_like(u)
     states = np.empty((b, l, d, n) if return_states else (1, 1, 1, 1), dtype=u.dtype)
-    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, return_states)
+    keep_decays = return_states and return_decays
+    decays = np.empty((b, l, d, n) if keep_decays else (1, 1, 1, 1), dtype=u.dtype)
+    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, decays, return_states, keep_decays)
     count("cpu.selective_scan")
-    return (y, states) if return_states else y
+    if not return_states:
+        return y
+    return (y, states, decays) if keep_decays else (y, states)
 
 
-def selective_scan_backward(g, u, delta, A, B, C, D, states):
+def selective_scan_backward(g, u, delta, A, B, C, D, states, decays=None):
     u, delta, A, B, C, D = _scan_inputs(u, delta, A, B, C, D)
     g = np.ascontiguousarray(g, dtype=u.dtype)
     b, d = u.shape[0], u.shape[2]
     du, ddelta = np.empty_like(u), np.empty_like(u)
     dB, dC = np.empty_like(B), np.empty_like(C)
     dA, dD = np.zeros((b,) + A.shape, u.dtype), np.zeros((b, d), u.dtype)
-    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, du, ddelta, dA, dB, dC, dD)
+    saved = decays is not None
+    decays = decays if saved else np.empty((1, 1, 1, 1), u.dtype)
+    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, decays, saved,
+         du, ddelta, dA, dB, dC, dD)
     count("cpu.selective_scan_backward")
     return du, ddelta, reduce_rows(dA), dB, dC, reduce_rows(dD)

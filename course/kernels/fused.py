@@ -8,6 +8,7 @@ passes, not the arithmetic, set the time. A fused kernel reads each input once, 
 arithmetic while the numbers sit in registers or in the cache, and writes each output once:
 
     attention(q, k, v, causal)          FlashAttention: tiles of keys, an online softmax; no (T, T) array
+                                        (short sequences: the packed matrix products, (T, T) kept)
     add_layer_norm(x, y, w, b)          the residual add and the layer norm after it, one pass
     bias_gelu(h, b) / linear_gelu       the MLP's bias and GELU, one pass; the backward one pass too
     cross_entropy(logits, targets)      softmax, loss and gradient in one pass over each row
@@ -18,9 +19,9 @@ Each is an ordinary operation of the engine (`operation(...)`), swapped in by
 
 Two helpers make the loops fast. NumPy's exp and tanh use the CPU's vector instructions (16
 float32 numbers per instruction on AVX-512); a scalar `math.exp` in a compiled loop is a call
-into the C library, about 7x slower, and `math.tanh` 40x. `_exp` below is written with only
-multiplications and additions (plus one bit trick), so the compiler vectorises loops that call
-it; `_tanh` is built on it. Both compute in float64 and are accurate to ~1e-14. The kernels
+into the C library, about 7x slower, and `math.tanh` 40x. `_exp` (in `cpu`, whose scan uses it
+too) is written with only multiplications and additions (plus one bit trick), so the compiler
+vectorises loops that call it; `_tanh` is built on it. Both compute in float64 and are accurate to ~1e-14. The kernels
 are compiled with `error_model="numpy"`: by default a compiled division checks for zero to raise
 Python's ZeroDivisionError, and that check alone stops a loop from vectorising (4x slower here).
 """
@@ -30,8 +31,6 @@ import weakref
 
 import numpy as np
 from numba import njit, prange
-from numba.core import types
-from numba.extending import intrinsic
 
 from ..tensor import Tensor, operation
 from ..tensor import functional as F
@@ -40,7 +39,7 @@ from .launch import count
 
 __all__ = ["attention", "attention_forward", "attention_backward", "add_layer_norm", "bias_gelu",
            "linear_gelu", "cross_entropy", "FusedStep", "optimizer_step", "clip_grad_norm_",
-           "BLOCK_Q", "BLOCK_K"]
+           "BLOCK_Q", "BLOCK_K", "DIRECT_T"]
 
 # Tile sizes of the attention kernels: a (BLOCK_Q, BLOCK_K) tile of scores and a key tile of
 # BLOCK_K x head size stay in the L1/L2 cache while they are used.
@@ -49,43 +48,7 @@ BLOCK_K = 64
 
 
 # ----- exp and tanh that vectorise ---------------------------------------------------------------------
-@intrinsic
-def _bits_as_float64(typingctx, bits):
-    """The float64 whose 64 bits are those of the int64 `bits` (a reinterpretation, not a conversion)."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-
-    return sig, codegen
-
-
-_LOG2E = 1.4426950408889634
-_LN2_HI = 0.693145751953125  # ln 2 split in two, so n * _LN2_HI is exact for |n| < 2048
-_LN2_LO = 1.4286068203094173e-06
-
-
-@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _exp(x):
-    """exp(x) in float64: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor series to r^11
-    (error below 1e-14), 2^n by writing n into the exponent bits."""
-    x = np.float64(x)
-    x = min(max(x, -708.0), 709.0)
-    n = math.floor(x * _LOG2E + 0.5)
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = 1.0 / 39916800.0
-    p = p * r + 1.0 / 3628800.0
-    p = p * r + 1.0 / 362880.0
-    p = p * r + 1.0 / 40320.0
-    p = p * r + 1.0 / 5040.0
-    p = p * r + 1.0 / 720.0
-    p = p * r + 1.0 / 120.0
-    p = p * r + 1.0 / 24.0
-    p = p * r + 1.0 / 6.0
-    p = p * r + 0.5
-    p = p * r + 1.0
-    p = p * r + 1.0
-    return p * _bits_as_float64((np.int64(n) + 1023) << 52)
+_exp = cpu._exp  # exp in float64 with only multiply-adds (see `cpu`): loops that call it vectorise
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
@@ -277,10 +240,80 @@ def attention_backward(q, k, v, out, lse, dout, causal=True, scale=None):
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+# ----- short sequences: the (T, T) matrix of a head is small, so keep it ---------------------------------------
+# Up to DIRECT_T keys, a head's scores take at most 16 KB (float32), so tiles save no memory worth
+# having, while their loops (a row of up to BLOCK_K scores at a time) run far below the speed of
+# the packed matrix product of `cpu`. So short sequences take the direct route: S = q k^T,
+# P = softmax(S scale) (causal mask, in place), out = P v; and back, with P kept:
+#   dv = P^T dout,  dP = dout v^T,  dS = P (dP - <P, dP>) scale,  dq = dS k,  dk = dS^T q.
+DIRECT_T = 64
+
+
+@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
+def _masked_softmax(s, scale, causal, offset):
+    """s (heads, t_q, t_k) becomes softmax(s * scale) row by row, 0 past each row's position under the mask."""
+    for bh in prange(s.shape[0]):
+        for i in range(s.shape[1]):
+            n = min(s.shape[2], offset + i + 1) if causal else s.shape[2]
+            m = -1e300
+            for j in range(n):
+                m = max(m, np.float64(s[bh, i, j]) * scale)
+            total = 0.0
+            for j in range(n):
+                e = _exp(s[bh, i, j] * scale - m)
+                s[bh, i, j] = e
+                total += e
+            inv = 1.0 / total
+            for j in range(n):
+                s[bh, i, j] *= inv
+            for j in range(n, s.shape[2]):
+                s[bh, i, j] = 0
+
+
+@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
+def _softmax_backward_in_place(p, dp, scale):
+    """dp becomes dS = P (dP - <P, dP>) scale, row by row."""
+    for bh in prange(p.shape[0]):
+        for i in range(p.shape[1]):
+            dot = 0.0
+            for j in range(p.shape[2]):
+                dot += p[bh, i, j] * dp[bh, i, j]
+            for j in range(p.shape[2]):
+                dp[bh, i, j] = p[bh, i, j] * (dp[bh, i, j] - dot) * scale
+
+
+def _t(x):
+    return np.swapaxes(x, -1, -2)  # a view: the products read it through its strides
+
+
+def _attention_direct(q, k, v, causal):
+    """The direct route for short sequences, as an operation of the engine."""
+    q3, k3, v3 = _as3d(q.data), _as3d(k.data), _as3d(v.data)
+    t_q, t_k = q3.shape[1], k3.shape[1]
+    scale = 1 / np.sqrt(q.shape[-1])
+    p = cpu._product(q3, _t(k3))  # the products count as part of this one attention call
+    cpu._run(_masked_softmax, p.size * 8, p, scale, bool(causal), t_k - t_q)
+    out = cpu._product(p, v3)
+    count("cpu.attention_forward")
+
+    def backward(g):
+        g3 = _as3d(g.astype(p.dtype, copy=False))
+        dv = cpu._product(_t(p), g3) if v.requires_grad else None
+        ds = cpu._product(g3, _t(v3))
+        cpu._run(_softmax_backward_in_place, p.size * 4, p, ds, ds.dtype.type(scale))
+        dq = cpu._product(ds, k3).reshape(q.shape) if q.requires_grad else None
+        dk = cpu._product(_t(ds), q3).reshape(k.shape) if k.requires_grad else None
+        count("cpu.attention_backward")
+        return dq, dk, None if dv is None else dv.reshape(v.shape)
+
+    return operation("attention", out.reshape(q.shape[:-1] + v.shape[-1:]), (q, k, v), backward)
+
+
 def attention(q, k, v, causal=True, dropout_p=0.0, training=True):
     """F.scaled_dot_product_attention by tiles with an online softmax (FlashAttention's forward and
-    backward): memory grows with T, not T^2. Dropout, broadcasting between q, k and v, mixed or
-    other dtypes, and wrong shapes go to the engine's version (which names a shape error)."""
+    backward): memory grows with T, not T^2. Up to DIRECT_T keys, the direct route above instead.
+    Dropout, broadcasting between q, k and v, mixed or other dtypes, and wrong shapes go to the
+    engine's version (which names a shape error)."""
     default = F.scaled_dot_product_attention.default
     tensors = all(isinstance(t, Tensor) for t in (q, k, v))
     if (not tensors or (dropout_p and training) or q.ndim < 2 or q.ndim != k.ndim or k.ndim != v.ndim
@@ -288,6 +321,8 @@ def attention(q, k, v, causal=True, dropout_p=0.0, training=True):
             or k.shape[-2] != v.shape[-2] or (causal and q.shape[-2] > k.shape[-2]) or 0 in q.shape + k.shape + v.shape
             or not _same_float(q.data, k.data, v.data)):
         return default(q, k, v, causal, dropout_p, training)
+    if k.shape[-2] <= DIRECT_T:
+        return _attention_direct(q, k, v, causal)
     out, lse = attention_forward(q.data, k.data, v.data, causal)
 
     def backward(g):

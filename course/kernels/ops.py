@@ -93,14 +93,25 @@ class _Cpu:
 
     matmul = staticmethod(cpu.matmul)
     matmul_bt = staticmethod(cpu.matmul_bt)
+    matmul_at = staticmethod(cpu.matmul_at)
     add_row = staticmethod(cpu.add_row)
     reduce_rows = staticmethod(cpu.reduce_rows)
     softmax = staticmethod(cpu.softmax)
     softmax_backward = staticmethod(cpu.softmax_backward)
     layer_norm = staticmethod(cpu.layer_norm)
     layer_norm_backward = staticmethod(cpu.layer_norm_backward)
-    selective_scan = staticmethod(cpu.selective_scan)
-    selective_scan_backward = staticmethod(cpu.selective_scan_backward)
+    @staticmethod
+    def selective_scan(*arrays, return_states=False):
+        """(y, saved): for the backward, the states and the decays exp(delta A) (one exp per step, not two)."""
+        if not return_states:
+            return cpu.selective_scan(*arrays), None
+        y, states, decays = cpu.selective_scan(*arrays, return_states=True, return_decays=True)
+        return y, (states, decays)
+
+    @staticmethod
+    def selective_scan_backward(g, *args):
+        *arrays, (states, decays) = args
+        return cpu.selective_scan_backward(g, *arrays, states, decays=decays)
 
 
 def _lib(device):
@@ -119,6 +130,14 @@ def _swap(x):
     return np.swapaxes(x, -1, -2)
 
 
+def _matmul_at(lib, at, b):
+    """at^T b: the CPU kernel reads at through a transposed view; a library without matmul_at gets
+    the transpose made first."""
+    if hasattr(lib, "matmul_at"):
+        return lib.matmul_at(at, b)
+    return lib.matmul(np.ascontiguousarray(_swap(at)), b)
+
+
 # ----- matrix products --------------------------------------------------------------------------------
 def matmul(a, b, *, device="cpu"):
     """a @ b of two tensors (matrices, or batches of them with the same leading axes)."""
@@ -131,7 +150,7 @@ def matmul(a, b, *, device="cpu"):
 
     def backward(g):
         ga = lib.matmul_bt(g, y) if a.requires_grad else None  # dC B^T
-        gb = lib.matmul(np.ascontiguousarray(_swap(x)), g) if b.requires_grad else None  # A^T dC
+        gb = _matmul_at(lib, x, g) if b.requires_grad else None  # A^T dC
         return ga, gb
 
     return operation("matmul", data, (a, b), backward)
@@ -151,7 +170,7 @@ def linear(x, weight, bias=None, *, device="cpu"):
     def backward(g):
         g2 = g.reshape(-1, g.shape[-1])
         gx = lib.matmul(g2, weight.data).reshape(x.shape) if x.requires_grad else None
-        gw = lib.matmul(np.ascontiguousarray(g2.T), x2) if weight.requires_grad else None
+        gw = _matmul_at(lib, g2, x2) if weight.requires_grad else None  # dy^T x
         gb = lib.reduce_rows(g2) if bias is not None and bias.requires_grad else None
         return gx, gw, gb
 
