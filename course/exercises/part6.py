@@ -607,7 +607,8 @@ def _run_matmul(candidate, rng):
 
 @exercise("6.3.1", hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
                         "And the guard must cover both axes of c",
-          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt",
+                  "course.kernels.cpu.matmul_at"],
           task="compute one element of c per thread")
 def _(candidate, rng):
     for _ in _run_matmul(candidate, rng):
@@ -625,7 +626,8 @@ def _tiled_reads(m, k, n, tile):
 @exercise("6.3.2", hint="each thread stores one element of each tile, at its own [ty, tx]: the one the "
                         "compute loop expects there for this step (tile_b[j, tx] stands for B[start + j, col]); "
                         "0 where that element lies outside the matrix",
-          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt"],
+          forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt",
+                  "course.kernels.cpu.matmul_at"],
           task="compute c from tiles in shared memory")
 def _(candidate, rng):
     for (m, k, n), on, report in _run_matmul(candidate, rng):
