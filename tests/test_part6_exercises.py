@@ -1169,7 +1169,32 @@ def _contiguous_rows(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
             acc[i, j] += a_reg[i] * b_reg[j]
 
 
+@cuda.jit(device=True)
+def _overwrites(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
+    for i in range(TM):
+        a_reg[i] = tile_a[p, ty + i * (BM // TM)]
+    for j in range(TN):
+        b_reg[j] = tile_b[p, tx + j * (BN // TN)]
+    for i in range(TM):
+        for j in range(TN):
+            acc[i, j] = a_reg[i] * b_reg[j]  # = instead of +=: only the last step of k is left
+
+
+@cuda.jit(device=True)
+def _b_first_column_outer(p, tile_a, tile_b, a_reg, b_reg, acc, tx, ty):
+    for j in range(TN):  # the same products, B's registers first and the outer loop over columns
+        b_reg[j] = tile_b[p, tx + j * (BN // TN)]
+    for i in range(TM):
+        a_reg[i] = tile_a[p, ty + i * (BM // TM)]
+    for j in range(TN):
+        bj = b_reg[j]
+        for i in range(TM):
+            acc[i, j] += a_reg[i] * bj
+
+
 matmul_register_step = _register_kernel(_outer_product)
+matmul_register_overwrites = _register_kernel(_overwrites)
+matmul_register_columns_first = _register_kernel(_b_first_column_outer)
 matmul_register_from_shared = _register_kernel(_from_shared)
 matmul_register_contiguous_rows = _register_kernel(_contiguous_rows)
 
@@ -1208,6 +1233,7 @@ CASES = [
     ("6.2.3", rms_norm_rows, rms_norm_eps_outside, "below eps"),
     ("6.3.6", matmul_register_step, matmul_register_from_shared, "read shared memory 128 times, where reading each number it needs once takes 32"),
     ("6.3.6", matmul_register_step, matmul_register_contiguous_rows, "expected c"),
+    ("6.3.6", matmul_register_step, matmul_register_overwrites, "expected c"),
     ("6.3.1", matmul_bt, matmul_bt_not_transposed, "out of bounds"),
     ("6.3.1", matmul_bt, matmul_bt_guard_off_by_one, "out of bounds"),
     ("6.3.1", matmul_bt, matmul_bt_row_from_x, "element (4, 0) of c was never written"),
@@ -1295,9 +1321,11 @@ def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
     ("6.2.2", block_sum_warp_shuffle),
     ("6.2.4", total_by_warps_xor),
     ("6.3.5", transpose_tiles_literal_width),
+    ("6.3.6", matmul_register_columns_first),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
         "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes",
-        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor", "6.3.5-literal-width"])
+        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor", "6.3.5-literal-width",
+        "6.3.6-columns-first"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
