@@ -32,17 +32,21 @@ From the records the report finds:
 And it measures, per thread, how many global and shared reads and writes it made, and per warp
 and phase, the shared-memory bank conflicts and the global-memory transactions (see `memory`).
 
-It is slow (Python, one OS thread per CUDA thread): meant for grids of tens to hundreds of threads.
+Each CUDA thread runs as a greenlet (a Python call stack that can be paused and resumed, from
+the `greenlet` package): a thread that reaches a barrier hands the turn back to the scheduler in
+about a microsecond, where an operating-system thread per CUDA thread would take a hundred times
+longer. It is still Python, so meant for grids of tens to a few thousand threads.
 """
 
+import math
 import re
 import sys
-import threading
 import types
 from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
+from greenlet import greenlet
 
 from .launch import check_launch, kernel_name
 
@@ -199,7 +203,7 @@ class TracedArray:
 
     shape = property(lambda self: self._data.shape[len(self._prefix):])
     ndim = property(lambda self: self._data.ndim - len(self._prefix))
-    size = property(lambda self: int(np.prod(self.shape)))
+    size = property(lambda self: math.prod(self.shape))
     dtype = property(lambda self: self._data.dtype)
 
     def __len__(self):
@@ -215,6 +219,8 @@ class TracedArray:
         return row
 
     def _index(self, key):
+        if type(key) is int:  # the common case, x[i], first
+            return self._prefix + (key,)
         key = key if isinstance(key, tuple) else (key,)
         for k in key:
             if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
@@ -225,7 +231,10 @@ class TracedArray:
         return self._prefix + tuple(int(k) for k in key)
 
     def _inside(self, index):
-        return all(0 <= i < n for i, n in zip(index, self._data.shape))
+        for i, n in zip(index, self._data.shape):
+            if not 0 <= i < n:
+                return False
+        return True
 
     def __getitem__(self, key):
         index = self._index(key)
@@ -270,7 +279,7 @@ class _Thread:
         self.lane, self.warp = linear % WARP, linear // WARP
         self.phase = 0
         self.epoch = 0  # syncwarp() calls passed
-        self.turn = threading.Semaphore(0)
+        self.greenlet = None  # its call stack, paused at a barrier or warp function
         self.done = False
         self.error = None
         self.shared_calls = 0
@@ -342,14 +351,14 @@ class _FakeCuda:
             compare_and_swap=lambda a, old, v: cas(a, 0, old, v),
         )
 
-    threadIdx = property(lambda self: Dim3(*self._t._local.thread.thread))
-    blockIdx = property(lambda self: Dim3(*self._t._local.thread.block))
+    threadIdx = property(lambda self: Dim3(*self._t._current.thread))
+    blockIdx = property(lambda self: Dim3(*self._t._current.block))
     blockDim = property(lambda self: Dim3(*self._t.block))
     gridDim = property(lambda self: Dim3(*self._t.grid))
-    laneid = property(lambda self: self._t._local.thread.lane)
+    laneid = property(lambda self: self._t._current.lane)
 
     def grid(self, ndim):
-        th, bd = self._t._local.thread, self._t.block
+        th, bd = self._t._current, self._t.block
         ids = [th.block[a] * bd[a] + th.thread[a] for a in range(ndim)]
         return ids[0] if ndim == 1 else tuple(ids)
 
@@ -383,7 +392,7 @@ class _FakeCuda:
         return self._t._warp("activemask", _caller_line(), None)
 
     def lanemask_lt(self):
-        return (1 << self._t._local.thread.lane) - 1
+        return (1 << self._t._current.lane) - 1
 
     def shfl_sync(self, mask, value, src_lane):
         return self._t._warp("shfl_sync", _caller_line(), mask, value, int(src_lane))
@@ -436,8 +445,7 @@ class _Tracer:
         self.grid = grid + (1,) * (3 - len(grid))
         self.block = block + (1,) * (3 - len(block))
         self.dims = (grid, block)
-        self._local = threading.local()
-        self._yielded = threading.Semaphore(0)
+        self._current = None  # the _Thread whose turn it is
         self._aborting = False
         self.records = {}  # array name -> list of (index, Access)
         self.log = []  # every access in order: (name, index, Access)
@@ -453,7 +461,7 @@ class _Tracer:
 
     # ----- what the kernel's code calls -------------------------------------------------------
     def _record(self, array, index, kind):
-        th = self._local.thread
+        th = self._current
         data = array._data
         offset = sum(i * s for i, s in zip(index, data.strides))
         space = array._space
@@ -478,11 +486,11 @@ class _Tracer:
             writes.append((th.phase, th.epoch, th, th.warp))
 
     def _out_of_bounds(self, array, index, kind):
-        th = self._local.thread
+        th = self._current
         self.out_of_bounds.append((array.name, index, array._data.shape, th.block, th.thread, kind))
 
     def _shared_array(self, shape, dtype):
-        th = self._local.thread
+        th = self._current
         key = (th.block, th.shared_calls)
         th.shared_calls += 1
         if key not in self._shared:
@@ -508,12 +516,16 @@ class _Tracer:
 
     def _pause(self, wait):
         """Hand the turn back to the scheduler until what the thread waits for has happened."""
-        th = self._local.thread
+        th = self._current
         if self._aborting:  # another thread failed: nobody will hand out turns any more
             raise _Abort
         th.wait, th.result = wait, None
-        self._yielded.release()
-        th.turn.acquire()
+        # A tracing function (sys.settrace: the exercise checks' line budget) belongs to this thread
+        # alone, as it would to an operating-system thread: set it aside while the others run.
+        tracing = sys.gettrace()
+        sys.settrace(None)
+        th.greenlet.parent.switch()
+        sys.settrace(tracing)
         if self._aborting:
             raise _Abort
         th.wait = None
@@ -563,27 +575,23 @@ class _Tracer:
             threads.append(_Thread(tuple(block), idx[::-1], linear))
 
         def body(th):
-            th.turn.acquire()
-            self._local.thread = th
             try:
                 fn(*args)
             except _Abort:
                 pass
             except BaseException as err:  # reported by the scheduler, naming the thread
                 th.error = err
-            th.done = True
-            self._yielded.release()
+            th.done = True  # returning hands the turn back to the scheduler (the greenlet's parent)
 
-        workers = [threading.Thread(target=body, args=(th,), daemon=True) for th in threads]
-        for w in workers:
-            w.start()
+        for th in threads:
+            th.greenlet = greenlet(lambda th=th: body(th))
         live = threads
         try:
             runnable = threads
             while True:  # each runnable thread runs, in turn, to its next barrier or warp function
                 for th in runnable:
-                    th.turn.release()
-                    self._yielded.acquire()
+                    self._current = th
+                    th.greenlet.switch()
                     if th.error is not None:
                         raise RuntimeError(f"trace: {self.describe(th.block, th.thread)} raised "
                                            f"{type(th.error).__name__}: {th.error}") from th.error
@@ -595,10 +603,10 @@ class _Tracer:
             if live:  # unwind the threads still waiting
                 self._aborting = True
                 for th in live:
-                    if not th.done:
-                        th.turn.release()
-            for w in workers:
-                w.join()
+                    if not th.done and th.greenlet:
+                        self._current = th
+                        th.greenlet.switch()
+            self._current = None
             self._aborting = False
 
     def _resolve(self, threads, live):
