@@ -28,6 +28,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from .launch import count
@@ -409,28 +410,65 @@ def _microkernel(typingctx, kc, ap, bp, c, i0, j0, accumulate):
     return sig, codegen
 
 
+@intrinsic
+def _contiguous(typingctx, line):
+    """The 1-D view `line`, of any stride (numba's layout "A"), typed as contiguous (layout "C"):
+    for a line whose stride the caller has checked is one element. The data and the structure are
+    the same; only the type numba compiles for changes, so that its loops read memory in order and
+    vectorise."""
+    sig = line.copy(layout="C")(line)
+
+    def codegen(context, builder, signature, args):
+        return impl_ret_borrowed(context, builder, signature.return_type, args[0])
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _copy_run(dst, d0, src, s0, n):
+    """dst[d0:d0+n] = src[s0:s0+n]: a run of a line of the matrix into a panel."""
+    if src.strides[0] == src.itemsize:
+        line = _contiguous(src)
+        for i in range(n):
+            dst[d0 + i] = line[s0 + i]
+    else:
+        for i in range(n):
+            dst[d0 + i] = src[s0 + i]
+
+
+@njit(cache=True, inline="always")
+def _copy_spread(dst, d0, step, src, n):
+    """dst[d0 + i*step] = src[i] for i < n: a line of the matrix into a column of a panel."""
+    if src.strides[0] == src.itemsize:
+        line = _contiguous(src)
+        for i in range(n):
+            dst[d0 + i * step] = line[i]
+    else:
+        for i in range(n):
+            dst[d0 + i * step] = src[i]
+
+
 @njit(cache=True)
 def _pack_a(A, i0, m, k0, kc, ap):
     """ap[p, k*MR + r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
     The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
-    columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster."""
+    columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster.
+    A arrives typed as of any strides (one compiled version for every layout): `_copy_run` and
+    `_copy_spread` look at the line's stride when they run."""
     if A.strides[0] < A.strides[1]:  # A is a transposed view: read down its columns
         At = A.T
         for k in range(kc):
             src = At[k0 + k, i0:i0 + m]
             for p in range(ap.shape[0]):
                 dst, rows = ap[p], min(MR, m - p * MR)
-                for r in range(rows):
-                    dst[k * MR + r] = src[p * MR + r]
+                _copy_run(dst, k * MR, src, p * MR, rows)
                 for r in range(rows, MR):
                     dst[k * MR + r] = 0
     else:
         for p in range(ap.shape[0]):
             dst, rows = ap[p], min(MR, m - p * MR)
             for r in range(rows):
-                src = A[i0 + p * MR + r, k0:k0 + kc]
-                for k in range(kc):
-                    dst[k * MR + r] = src[k]
+                _copy_spread(dst, r, MR, A[i0 + p * MR + r, k0:k0 + kc], kc)
             for r in range(rows, MR):
                 for k in range(kc):
                     dst[k * MR + r] = 0
@@ -446,9 +484,7 @@ def _pack_b(B, k0, kc, j0, n, bp):
         for q in range(bp.shape[0]):
             dst, cols = bp[q], min(nr, n - q * nr)
             for s in range(cols):
-                src = Bt[j0 + q * nr + s, k0:k0 + kc]
-                for k in range(kc):
-                    dst[k * nr + s] = src[k]
+                _copy_spread(dst, s, nr, Bt[j0 + q * nr + s, k0:k0 + kc], kc)
             for s in range(cols, nr):
                 for k in range(kc):
                     dst[k * nr + s] = 0
@@ -457,8 +493,7 @@ def _pack_b(B, k0, kc, j0, n, bp):
             src = B[k0 + k, j0:j0 + n]
             for q in range(bp.shape[0]):
                 dst, cols = bp[q], min(nr, n - q * nr)
-                for s in range(cols):
-                    dst[k * nr + s] = src[q * nr + s]
+                _copy_run(dst, k * nr, src, q * nr, cols)
                 for s in range(cols, nr):
                     dst[k * nr + s] = 0
 
@@ -530,6 +565,25 @@ def _block_rows(m, threads):
     return MR * max(1, -(-(-(-m // MR)) // blocks))
 
 
+_STRIDED = {}  # (kernel, argument types) -> its machine code
+
+
+def _any_strides(kernel, *args):
+    """`kernel` compiled for these arguments with every input array typed as "any strides" (numba's
+    layout "A"), the output (the last array) as C-ordered. numba compiles one version of a function
+    per combination of its arguments' layouts: C-ordered, Fortran-ordered (a transposed matrix) or
+    strided (a slice), three per operand. The packing reads through the strides anyway, so one
+    version per dtype does every case, and a first run compiles 2 versions instead of up to 9."""
+    types_ = [numba.typeof(a) for a in args]
+    last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
+    sig = tuple(t.copy(layout="A") if isinstance(t, types.Array) and i != last else t for i, t in enumerate(types_))
+    entry = _STRIDED.get((kernel, sig))
+    if entry is None:
+        kernel.compile(sig)
+        entry = _STRIDED[(kernel, sig)] = kernel.overloads[sig].entry_point
+    return entry
+
+
 def _product(a, b):
     """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides
     (not counted as a launch: the public functions below count theirs, fused attention its own)."""
@@ -545,15 +599,19 @@ def _product(a, b):
     work = out.size * k
     n_threads = threads() if work >= PARALLEL_WORK else 1
     if a.ndim == 2:
-        _run(_gemm, work, a, b, out, _block_rows(m, n_threads))
+        mc = _block_rows(m, n_threads)
+        _run(_any_strides(_gemm, a, b, out, mc), work, a, b, out, mc)
     else:
         a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
         out3 = out.reshape((-1, m, n))
         if len(a3) >= 2 * n_threads:  # enough matrices to share out whole
-            _run(_gemm_batched, work, a3, b3, out3, _block_rows(m, 1))
+            mc = _block_rows(m, 1)
+            _run(_any_strides(_gemm_batched, a3, b3, out3, mc), work, a3, b3, out3, mc)
         else:
+            mc = _block_rows(m, n_threads)
+            gemm = _any_strides(_gemm, a3[0], b3[0], out3[0], mc)
             for i in range(len(a3)):
-                _run(_gemm, m * n * k, a3[i], b3[i], out3[i], _block_rows(m, n_threads))
+                _run(gemm, m * n * k, a3[i], b3[i], out3[i], mc)
     return out
 
 
