@@ -731,3 +731,66 @@ def test_block_votes_and_other_atomics():
     counters = np.array([-1, 99, 0, 0], np.int64)
     report = K.trace(atomic_updates, 1, 8, counters)
     assert counters.tolist() == [7, 0, 8 % 5, 7] and not report.races
+
+
+# ----- execute: the kernels run in Python without a GPU, nothing recorded ---------------------------
+@cuda.jit(device=True)
+def _square(v):
+    return v * v
+
+
+def _make_block_sums(fn):
+    @cuda.jit
+    def block_sums(x, partial, total):  # shared memory, barriers, a closure's device function, atomics
+        cache = cuda.shared.array(32, float32)
+        t = cuda.threadIdx.x
+        i = cuda.grid(1)
+        cache[t] = fn(x[i]) if i < x.size else 0
+        cuda.syncthreads()
+        step = cuda.blockDim.x // 2
+        while step > 0:
+            if t < step:
+                cache[t] += cache[t + step]
+            cuda.syncthreads()
+            step //= 2
+        if t == 0:
+            partial[cuda.blockIdx.x] = cache[0]
+            cuda.atomic.add(total, 0, cache[0])
+
+    return block_sums
+
+
+def test_execute_computes_what_numbas_simulator_computes_on_host_and_device_arrays():
+    from course.kernels.trace import execute  # noqa: I001
+    block_sums = _make_block_sums(_square)
+    x = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    partial, total = np.zeros(4, np.float32), np.zeros(1, np.float32)
+    execute(block_sums, 4, 32, x, partial, total)
+    expected = [np.sum(x[b * 32:(b + 1) * 32] ** 2, dtype=np.float64) for b in range(4)]
+    np.testing.assert_allclose(partial, expected, rtol=1e-5)
+    np.testing.assert_allclose(total, [sum(expected)], rtol=1e-5)
+    if K.backend() == "simulator":  # numba's own simulator gives the same, and device arrays work in place
+        d_partial, d_total = cuda.to_device(np.zeros(4, np.float32)), cuda.to_device(np.zeros(1, np.float32))
+        execute(block_sums, 4, 32, cuda.to_device(x), d_partial, d_total)
+        sim_partial, sim_total = np.zeros(4, np.float32), np.zeros(1, np.float32)
+        block_sums[4, 32](x, sim_partial, sim_total)
+        np.testing.assert_allclose(d_partial.copy_to_host(), sim_partial, rtol=1e-6)
+        np.testing.assert_allclose(d_total.copy_to_host(), sim_total, rtol=1e-6)
+
+
+def test_execute_names_the_thread_that_failed():
+    from course.kernels.trace import execute
+    x, out = np.ones(40, np.float32), np.zeros(40, np.float32)
+    with pytest.raises(RuntimeError, match=r"thread 8 of block 1 raised IndexError"):
+        execute(add_without_guard, 2, 32, x, x, out)
+
+
+def test_launch_runs_kernels_through_execute_without_a_gpu(monkeypatch):
+    if K.backend() != "simulator":
+        pytest.skip("on a GPU, launch runs the kernel there")
+    import sys
+    T = sys.modules["course.kernels.trace"]  # the module: `course.kernels.trace` is the function
+    calls = []
+    monkeypatch.setattr(T, "execute", lambda kernel, grid, block, *args: calls.append((grid, block)))
+    K.launch(add_without_guard, 2, 16, np.ones(32, np.float32), np.ones(32, np.float32), np.zeros(32, np.float32))
+    assert calls == [((2,), (16,))]

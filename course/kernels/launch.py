@@ -6,7 +6,6 @@ what is wrong in words before anything runs. Each launch is counted per kernel n
 learner can see which kernels a model used: `launches()` and `reset_launches()`.
 """
 
-import sys
 from collections import Counter
 
 import numpy as np
@@ -23,11 +22,9 @@ if backend() == "gpu":
     MAX_BLOCK_DIM = (_device.MAX_BLOCK_DIM_X, _device.MAX_BLOCK_DIM_Y, _device.MAX_BLOCK_DIM_Z)
     MAX_GRID_DIM = (_device.MAX_GRID_DIM_X, _device.MAX_GRID_DIM_Y, _device.MAX_GRID_DIM_Z)
 
-# The block size the host functions use. The simulator runs every thread as an OS thread, so it
-# gets small blocks; a GPU wants enough threads per block to hide memory latency.
+# The block size the host functions use. Without a GPU every thread runs as Python (`execute`),
+# so small blocks do; a GPU wants enough threads per block to hide memory latency.
 THREADS_PER_BLOCK = 256 if backend() == "gpu" else 16
-
-SIMULATOR_SWITCH_INTERVAL = 2e-4  # seconds
 
 _launches = Counter()
 
@@ -90,19 +87,17 @@ def launch(kernel, griddim, blockdim, *args, stream=None):
     name = kernel_name(kernel)
     grid, block = check_launch(griddim, blockdim, name)
     _launches[name] += 1
-    switch = sys.getswitchinterval()
-    if backend() == "simulator":
-        # The simulator runs each GPU thread as a Python thread and waits for all of them at every
-        # barrier; handing the interpreter from thread to thread more often (Python's default is
-        # every 5 ms) makes kernels with barriers several times faster there.
-        sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL)
     try:
-        config = (grid, block) if stream is None else (grid, block, stream)
-        kernel[config](*args)
+        if backend() == "simulator":
+            # No GPU: the kernel runs in Python, each CUDA thread a greenlet (`trace.execute`),
+            # which is 10-100x faster than numba's simulator and computes the same.
+            from .trace import execute
+            execute(kernel, grid, block, *args)
+        else:
+            config = (grid, block) if stream is None else (grid, block, stream)
+            kernel[config](*args)
     except Exception as err:
         raise RuntimeError(f"kernel {name} failed on a grid of {grid} blocks of {block} threads: {err}") from err
-    finally:
-        sys.setswitchinterval(switch)
 
 
 def as_float32(x, name, what="x"):

@@ -26,7 +26,7 @@ from numba import float32
 from ._backend import backend, cuda
 from .launch import as_float32, blocks_for, check_launch, launch
 
-# 16 x 16 = 256 threads per block on a GPU; the simulator (one OS thread per GPU thread) gets 8 x 8.
+# 16 x 16 = 256 threads per block on a GPU; without one (every thread run in Python) 8 x 8.
 TILE = 16 if backend() == "gpu" else 8
 
 

@@ -27,8 +27,8 @@ from ._backend import backend, cuda
 from .launch import THREADS_PER_BLOCK, blocks_for, launch
 
 AXES = 4
-# A grid-stride loop lets a bounded grid cover any size. The simulator starts an OS thread per GPU
-# thread at every launch, which costs more than the arithmetic: there one small block does best.
+# A grid-stride loop lets a bounded grid cover any size. Without a GPU each thread is a Python
+# call stack that costs more to start than the arithmetic: there one small block does best.
 MAX_BLOCKS = 4096 if backend() == "gpu" else 1
 THREADS = THREADS_PER_BLOCK if backend() == "gpu" else 4
 INF = math.inf
