@@ -6,7 +6,18 @@ import subprocess
 import sys
 
 
+# Packages whose version is read from their installed metadata instead of importing them:
+# importing JupyterLab loads the whole Jupyter server (seconds), which the lab itself checks.
+_BY_METADATA = {"jupyterlab"}
+
+
 def _version(name):
+    if name in _BY_METADATA:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
     try:
         module = importlib.import_module(name)
     except Exception as err:  # missing, or broken on import
