@@ -90,7 +90,7 @@ def launch(kernel, griddim, blockdim, *args, stream=None):
     try:
         if backend() == "simulator":
             # No GPU: the kernel runs in Python, each CUDA thread a greenlet (`trace.execute`),
-            # which is 7-20x faster than numba's simulator and computes the same.
+            # which is 6-22x faster than numba's simulator and computes the same.
             from .trace import execute
             execute(kernel, grid, block, *args)
         else:

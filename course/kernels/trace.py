@@ -1084,7 +1084,7 @@ def execute(kernel, griddim, blockdim, *args):
     This is how kernels run on the CPU when there is no GPU (`launch` uses it on the simulator
     backend): numba's simulator starts an operating-system thread per CUDA thread and sets up its
     `cuda` module again at every call of a device function; here a thread is a greenlet and the
-    functions are prepared once per launch, 7-20x faster on the device tensor's operations.
+    functions are prepared once per launch, 6-22x faster on the device tensor's operations.
     Arguments may be NumPy arrays or the simulator's device arrays (used in place)."""
     grid, block = check_launch(griddim, blockdim, kernel_name(kernel))
     _Tracer(grid, block, record=False).run(_kernel_function(kernel), args)
