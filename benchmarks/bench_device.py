@@ -12,7 +12,7 @@ Every row is skipped where there is no GPU: the simulator is no measure of speed
 
 import numpy as np
 
-from .bench_gpt import BATCH, torch_training
+from .bench_gpt import BATCH, torch_training, train_torch
 from .bench_kernels import _gpu, scan_inputs
 from .harness import Row, Skip
 
@@ -78,12 +78,7 @@ def torch_cuda_step(threads, shape="bench"):
     ref, opt = torch_training(torch, config, "cuda")
 
     def step():
-        tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
-        _, loss = ref(tx, ty)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return train_torch(ref, opt, torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda())
 
     step.label = f"PyTorch {torch.__version__.split('+')[0]} CUDA eager, {torch.cuda.get_device_name()}"
     return step

@@ -57,6 +57,15 @@ def course_step(threads, width=128):
     return step
 
 
+def train_torch(ref, opt, tx, ty):
+    """One PyTorch training step (forward, backward, AdamW); returns the loss as a number."""
+    _, loss = ref(tx, ty)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 def torch_training(torch, config, device="cpu"):
     """PyTorch's GPT with the course's initial weights (seed 0) on `device`, and its AdamW with
     weight decay on the Linear weights only, as the course's trainer does."""
@@ -87,11 +96,7 @@ def torch_step(threads, width=128):
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def step():
-        _, loss = ref(tx, ty)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return train_torch(ref, opt, tx, ty)
 
     step.label = f"PyTorch {torch.__version__.split('+')[0]} eager"
     return step

@@ -739,43 +739,33 @@ def _square(v):
     return v * v
 
 
-def _make_block_sums(fn):
+def _make_sum_of(fn):
     @cuda.jit
-    def block_sums(x, partial, total):  # shared memory, barriers, a closure's device function, atomics
-        cache = cuda.shared.array(32, float32)
-        t = cuda.threadIdx.x
+    def sum_of(x, total):  # a device function held in a closure (as a factory's kernels hold theirs), atomics
         i = cuda.grid(1)
-        cache[t] = fn(x[i]) if i < x.size else 0
-        cuda.syncthreads()
-        step = cuda.blockDim.x // 2
-        while step > 0:
-            if t < step:
-                cache[t] += cache[t + step]
-            cuda.syncthreads()
-            step //= 2
-        if t == 0:
-            partial[cuda.blockIdx.x] = cache[0]
-            cuda.atomic.add(total, 0, cache[0])
+        if i < x.size:
+            cuda.atomic.add(total, 0, fn(x[i]))
 
-    return block_sums
+    return sum_of
 
 
 def test_execute_computes_what_numbas_simulator_computes_on_host_and_device_arrays():
-    from course.kernels.trace import execute  # noqa: I001
-    block_sums = _make_block_sums(_square)
+    from course.kernels.trace import execute
     x = np.random.default_rng(0).standard_normal(100).astype(np.float32)
-    partial, total = np.zeros(4, np.float32), np.zeros(1, np.float32)
-    execute(block_sums, 4, 32, x, partial, total)
-    expected = [np.sum(x[b * 32:(b + 1) * 32] ** 2, dtype=np.float64) for b in range(4)]
-    np.testing.assert_allclose(partial, expected, rtol=1e-5)
-    np.testing.assert_allclose(total, [sum(expected)], rtol=1e-5)
-    if K.backend() == "simulator":  # numba's own simulator gives the same, and device arrays work in place
-        d_partial, d_total = cuda.to_device(np.zeros(4, np.float32)), cuda.to_device(np.zeros(1, np.float32))
-        execute(block_sums, 4, 32, cuda.to_device(x), d_partial, d_total)
-        sim_partial, sim_total = np.zeros(4, np.float32), np.zeros(1, np.float32)
-        block_sums[4, 32](x, sim_partial, sim_total)
-        np.testing.assert_allclose(d_partial.copy_to_host(), sim_partial, rtol=1e-6)
-        np.testing.assert_allclose(d_total.copy_to_host(), sim_total, rtol=1e-6)
+    sum_of = _make_sum_of(_square)
+    runs = [("host", lambda a: a, lambda a: a)]
+    if K.backend() == "simulator":  # device arrays of the simulator are used in place
+        runs.append(("device", cuda.to_device, lambda d: d.copy_to_host()))
+    for where, to, back in runs:
+        partial, total = to(np.zeros(4, np.float32)), to(np.zeros(1, np.float32))
+        execute(K.reduce_sum_kernel, 4, K.THREADS_PER_BLOCK, to(x), partial)  # shared memory and barriers
+        execute(sum_of, 4, 32, to(x), total)
+        np.testing.assert_allclose(back(partial).sum(), x.sum(dtype=np.float64), rtol=1e-5, err_msg=where)
+        np.testing.assert_allclose(back(total), [np.sum(x.astype(np.float64) ** 2)], rtol=1e-5, err_msg=where)
+        if K.backend() == "simulator":  # numba's own simulator gives the same partial sums
+            sim_partial = np.zeros(4, np.float32)
+            K.reduce_sum_kernel[4, K.THREADS_PER_BLOCK](x, sim_partial)
+            np.testing.assert_allclose(back(partial), sim_partial, rtol=1e-6, err_msg=where)
 
 
 def test_execute_names_the_thread_that_failed():

@@ -518,9 +518,9 @@ class _Tracer:
         th = self._current
         key = (th.block, th.shared_calls)
         th.shared_calls += 1
-        if key not in self._shared and not self.record:
+        if key not in self._shared and not self.record:  # `execute`: a plain array, nothing to name
             self._shared[key] = _garbage(shape, dtype)
-        if key not in self._shared:
+        elif key not in self._shared:
             name = self._shared_name(key[1], sys._getframe(1))
             data = _garbage(shape, dtype)
             used = self._shared_used.get(th.block, 0)
