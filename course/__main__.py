@@ -12,6 +12,8 @@
 
 import argparse
 
+from . import _quick_nbformat  # noqa: F401  (before anything imports nbformat)
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m course", description="The course's tools.")

@@ -518,44 +518,26 @@ def _block(A, bp, C, i0, m, k0, kc, j0, n, accumulate):
                         C[i + r, j + s] = edge[r, s] + C[i + r, j + s] if accumulate else edge[r, s]
 
 
-@njit(cache=True)
-def _gemm_serial(A, B, C, mc):
-    M, K = A.shape
-    N = B.shape[1]
-    nr = 2 * VECTOR_BYTES // C.itemsize
-    for j0 in range(0, N, NC):
-        n = min(NC, N - j0)
-        for k0 in range(0, K, KC):
-            kc = min(KC, K - k0)
-            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
-            _pack_b(B, k0, kc, j0, n, bp)
-            for i0 in range(0, M, mc):
-                _block(A, bp, C, i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
-
-
 @njit(cache=True, parallel=True)
 def _gemm(A, B, C, mc):
-    """C = A B for 2-D A (m, k) and B (k, n) of any strides: block of B by block of B, packed once,
-    the MC-row blocks of C in parallel."""
-    M, K = A.shape
-    N = B.shape[1]
+    """C[i] = A[i] B[i] for batches A (b, m, k) and B (b, k, n) of any strides; one product is a
+    batch of one. Block of B by block of B: each matrix's block is packed once, then the MC-row
+    blocks of every C[i] are shared out between the threads, so one large product and many small
+    ones (attention's, one per head) both keep every thread busy."""
+    batch, M, K = A.shape
+    N = B.shape[2]
     nr = 2 * VECTOR_BYTES // C.itemsize
+    blocks = (M + mc - 1) // mc
     for j0 in range(0, N, NC):
         n = min(NC, N - j0)
         for k0 in range(0, K, KC):
             kc = min(KC, K - k0)
-            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
-            _pack_b(B, k0, kc, j0, n, bp)
-            for block in prange((M + mc - 1) // mc):
-                i0 = block * mc
-                _block(A, bp, C, i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
-
-
-@njit(cache=True, parallel=True)
-def _gemm_batched(A, B, C, mc):
-    """The same for batches A (b, m, k), B (b, k, n): one matrix per parallel iteration."""
-    for i in prange(A.shape[0]):
-        _gemm_serial(A[i], B[i], C[i], mc)
+            bp = np.empty((batch, (n + nr - 1) // nr, kc * nr), dtype=C.dtype)
+            for i in prange(batch):
+                _pack_b(B[i], k0, kc, j0, n, bp[i])
+            for job in prange(batch * blocks):
+                i, i0 = job // blocks, (job % blocks) * mc
+                _block(A[i], bp[i], C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
 
 
 def _block_rows(m, threads):
@@ -572,11 +554,14 @@ def _any_strides(kernel, *args):
     """`kernel` compiled for these arguments with every input array typed as "any strides" (numba's
     layout "A"), the output (the last array) as C-ordered. numba compiles one version of a function
     per combination of its arguments' layouts: C-ordered, Fortran-ordered (a transposed matrix) or
-    strided (a slice), three per operand. The packing reads through the strides anyway, so one
-    version per dtype does every case, and a first run compiles 2 versions instead of up to 9."""
+    strided (a slice), three per operand, and twice more for a read-only one (a broadcast view, an
+    array over bytes). The packing reads through the strides anyway and never writes its inputs,
+    so one version per dtype does every case, and a first run compiles 2 versions instead of
+    up to 36."""
     types_ = [numba.typeof(a) for a in args]
     last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
-    sig = tuple(t.copy(layout="A") if isinstance(t, types.Array) and i != last else t for i, t in enumerate(types_))
+    sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
+                for i, t in enumerate(types_))
     entry = _STRIDED.get((kernel, sig))
     if entry is None:
         kernel.compile(sig)
@@ -598,20 +583,12 @@ def _product(a, b):
         return out
     work = out.size * k
     n_threads = threads() if work >= PARALLEL_WORK else 1
-    if a.ndim == 2:
-        mc = _block_rows(m, n_threads)
-        _run(_any_strides(_gemm, a, b, out, mc), work, a, b, out, mc)
-    else:
-        a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
-        out3 = out.reshape((-1, m, n))
-        if len(a3) >= 2 * n_threads:  # enough matrices to share out whole
-            mc = _block_rows(m, 1)
-            _run(_any_strides(_gemm_batched, a3, b3, out3, mc), work, a3, b3, out3, mc)
-        else:
-            mc = _block_rows(m, n_threads)
-            gemm = _any_strides(_gemm, a3[0], b3[0], out3[0], mc)
-            for i in range(len(a3)):
-                _run(gemm, m * n * k, a3[i], b3[i], out3[i], mc)
+    a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
+    out3 = out.reshape((-1, m, n))
+    # Enough matrices to share out whole: blocks as large as the cache allows; else smaller blocks,
+    # so that every thread gets rows.
+    mc = _block_rows(m, 1 if len(a3) >= 2 * n_threads else n_threads)
+    _run(_any_strides(_gemm, a3, b3, out3, mc), work, a3, b3, out3, mc)
     return out
 
 
