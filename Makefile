@@ -20,14 +20,12 @@ ONE_THREAD  := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
 
-# --no-compile: Python compiles each module the first time it is imported, instead of pip compiling
-# all of them (a third of the install's time, for modules most runs never import).
 # A .venv without pip is what `python3 -m venv` leaves where the python3-venv package is missing
 # (Debian, Ubuntu): once that is installed, the next run makes .venv afresh.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python -a -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install the course with its dependencies
