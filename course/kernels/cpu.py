@@ -11,7 +11,8 @@ one is done. When the cores are busy with other programs, that last thread can w
 for its turn, on every call, and a training step makes hundreds of calls. So `_run` gives a loop
 several threads only when there is enough work to share and threads to spare: it honours
 OMP_NUM_THREADS (the limit NumPy's BLAS obeys; `make test` sets it to 1) unless NUMBA_NUM_THREADS
-is set.
+is set. In float64, the dtype of gradient checks, it runs each parallel kernel's one-thread twin,
+which numba compiles in a third of the time (see `_one_thread`).
 
 The matrix product is the interesting one: `matmul` is built as the vendor BLAS libraries build
 theirs (a register micro-kernel, packing, cache blocking, threads over blocks of C; see the
@@ -28,6 +29,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.registry import CPUDispatcher
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
@@ -54,9 +56,39 @@ def threads():
     return n
 
 
+# float64 is the dtype of gradient checks (finite differences need its precision), while the models
+# train in float32. numba takes two to three times as long to compile a function with
+# `parallel=True` (fused attention's forward and backward: 15 s against 5 s), and a first call pays
+# that. So in float64 each parallel kernel runs its twin compiled without `parallel`: the same Python
+# function, whose `prange` then runs as `range`, on the calling thread.
+_ONE_THREAD = {}  # parallel kernel -> its twin
+
+
+def _one_thread(kernel):
+    twin = _ONE_THREAD.get(kernel)
+    if twin is None:
+        fn = kernel.py_func
+        copy = type(fn)(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        copy.__qualname__ = fn.__qualname__ + "_one_thread"  # its own file in numba's cache
+        options = {k: v for k, v in kernel.targetoptions.items() if k not in ("nopython", "parallel")}
+        twin = _ONE_THREAD[kernel] = njit(cache=True, **options)(copy)  # fastmath etc. as the kernel's
+    return twin
+
+
+def _for_dtype(kernel, args):
+    """The kernel to run on these arguments: its one-thread twin if it is parallel and the first
+    array is float64."""
+    if not kernel.targetoptions.get("parallel"):
+        return kernel
+    first = next((a for a in args if isinstance(a, np.ndarray)), None)
+    return _one_thread(kernel) if first is not None and first.dtype == np.float64 else kernel
+
+
 def _run(loop, work, *args):
     """Call a `prange` loop on as many threads as `work` (multiply-adds) deserves; one thread runs
-    it in the calling thread, with no one to wait for."""
+    it in the calling thread, with no one to wait for. (In float64, its one-thread twin.)"""
+    if isinstance(loop, CPUDispatcher):
+        loop = _for_dtype(loop, args)
     before = numba.get_num_threads()
     numba.set_num_threads(threads() if work >= PARALLEL_WORK else 1)  # for this Python thread only
     try:
@@ -558,6 +590,7 @@ def _any_strides(kernel, *args):
     array over bytes). The packing reads through the strides anyway and never writes its inputs,
     so one version per dtype does every case, and a first run compiles 2 versions instead of
     up to 36."""
+    kernel = _for_dtype(kernel, args)
     types_ = [numba.typeof(a) for a in args]
     last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
     sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
