@@ -193,3 +193,32 @@ def test_layer_norm_of_a_row_holding_nan_or_inf_is_nan_as_numpy(dtype):
     np.testing.assert_allclose(out[3], expected[3], **TOL[dtype])
     dx, dw, db = cpu.layer_norm_backward(x, w, mean, rstd, np.ones_like(x))
     assert np.isnan(dx[:3]).all() and np.isfinite(dx[3]).all()
+
+
+def test_one_compiled_product_per_dtype_for_every_layout(rng):
+    """C-ordered, transposed, sliced, read-only and broadcast operands, single and batched, all run
+    the same compiled product: one version per dtype."""
+    a, b = arr(rng, 13, 9, dtype=np.float32), arr(rng, 9, 7, dtype=np.float32)
+    read_only = a.copy()
+    read_only.flags.writeable = False
+    cases = [(a, b), (a.T.copy().T, b), (arr(rng, 13, 18, dtype=np.float32)[:, ::2], b), (read_only, b),
+             (np.broadcast_to(a, (3, 13, 9)), np.broadcast_to(b, (3, 9, 7))), (read_only[None].repeat(5, 0), b[None].repeat(5, 0))]
+    for x, y in cases:
+        np.testing.assert_allclose(cpu.matmul(x, y), np.matmul(x, y), rtol=1e-5, atol=1e-5)
+    compiled = {sig for kernel, sig in cpu._STRIDED if kernel is cpu._gemm and sig[0].dtype == numba.float32}
+    assert len(compiled) == 1, compiled
+
+
+def test_float64_runs_the_one_thread_twin_and_float32_the_parallel_kernel(rng):
+    from course.kernels import fused
+
+    q = arr(rng, 2, 70, 8)  # longer than DIRECT_T: the tiled kernels
+    out64, lse64 = fused.attention_forward(q, q, q)
+    out32, lse32 = fused.attention_forward(q.astype(np.float32), q.astype(np.float32), q.astype(np.float32))
+    np.testing.assert_allclose(out32, out64, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lse32, lse64, rtol=1e-5)
+    twin = cpu._ONE_THREAD[fused._attention_forward]
+    assert twin.targetoptions["fastmath"] is True and not twin.targetoptions.get("parallel")
+    assert [sig[0].dtype for sig in twin.signatures] == [numba.float64]
+    assert numba.float64 not in [sig[0].dtype for sig in fused._attention_forward.signatures]
+    assert numba.float32 in [sig[0].dtype for sig in fused._attention_forward.signatures]
