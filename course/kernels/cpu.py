@@ -29,7 +29,6 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.core.registry import CPUDispatcher
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
@@ -77,8 +76,8 @@ def _one_thread(kernel):
 
 def _for_dtype(kernel, args):
     """The kernel to run on these arguments: its one-thread twin if it is parallel and the first
-    array is float64."""
-    if not kernel.targetoptions.get("parallel"):
+    array is float64. Anything else (a compiled entry point from `_any_strides`) is returned as is."""
+    if not getattr(kernel, "targetoptions", {}).get("parallel"):
         return kernel
     first = next((a for a in args if isinstance(a, np.ndarray)), None)
     return _one_thread(kernel) if first is not None and first.dtype == np.float64 else kernel
@@ -87,8 +86,7 @@ def _for_dtype(kernel, args):
 def _run(loop, work, *args):
     """Call a `prange` loop on as many threads as `work` (multiply-adds) deserves; one thread runs
     it in the calling thread, with no one to wait for. (In float64, its one-thread twin.)"""
-    if isinstance(loop, CPUDispatcher):
-        loop = _for_dtype(loop, args)
+    loop = _for_dtype(loop, args)
     before = numba.get_num_threads()
     numba.set_num_threads(threads() if work >= PARALLEL_WORK else 1)  # for this Python thread only
     try:
