@@ -1293,17 +1293,27 @@ def test_every_exercise_of_part_6_has_a_known_wrong_answer():
     assert not missing, f"add a known-wrong answer to CASES for {missing}"
 
 
-@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
-                         ids=[f"{_case(c)[0]}-{_case(c)[2].__name__}" for c in CASES])
-def test_stub_wrong_right(exercise_id, right, wrong, named, capsys):
+# Each exercise's solution, once: a full check of a right answer traces every case, where a wrong
+# answer is usually stopped by the first.
+SOLVED = list({(_case(c)[0], _case(c)[1]): None for c in CASES})
+
+
+@pytest.mark.parametrize("exercise_id,right", SOLVED, ids=[i for i, _ in SOLVED])
+def test_the_stub_is_not_attempted_and_the_solution_passes(exercise_id, right, capsys):
     is_kernel = hasattr(right, "py_func")
     assert check(exercise_id, stub_kernel if is_kernel else stub).status == "not attempted"
+    result = check(exercise_id, right)
+    assert result.status == "passed", result.message
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong,named", CASES,
+                         ids=[f"{_case(c)[0]}-{_case(c)[2].__name__}" for c in CASES])
+def test_a_known_wrong_answer_fails_naming_the_mistake(exercise_id, right, wrong, named):
     failed = check(exercise_id, wrong)
     assert failed.status == "failed"
     assert named in failed.message, failed.message
     assert "Hint:" in failed.message
-    assert check(exercise_id, right).status == "passed"
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"[{exercise_id}] passed."
 
 
 @pytest.mark.parametrize("exercise_id,candidate", [
