@@ -331,7 +331,8 @@ def test_only_the_exercise_cells_own_functions_are_graded():
 def test_a_module_handed_to_other_code_is_flagged_whatever_the_grader_has_imported():
     """`from numpy import linalg` brings a module whether or not the grading process has imported
     numpy.linalg itself: the flag is the same in a fresh interpreter."""
-    code = ("import nbformat\nfrom course import grading\n"
+    # course._quick_nbformat first, as in the test run itself: nbformat's import is 3 s without it.
+    code = ("import course._quick_nbformat\nimport nbformat\nfrom course import grading\n"
             "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("
             "'from course import tensor\\nfrom numpy import linalg\\nhelper(tensor, linalg)')])\n"
             "print(grading.review_notes(nb, nbformat.v4.new_notebook()))")
