@@ -409,6 +409,8 @@ def _course_grade(tag, exercises, sources, part, seed):
         def find_spec(self, name, path=None, target=None):
             if name in sources:
                 return importlib.util.spec_from_loader(name, self, is_package=name == "course.exercises")
+            if name.startswith("course.exercises."):  # never from a file the notebook could have changed
+                raise ModuleNotFoundError(f"the grader has no copy of {name}", name=name)
         def create_module(self, spec):
             return None
         def exec_module(self, module):
@@ -555,7 +557,23 @@ def _stop_all(root, also=()):
                     getattr(p, action)()
                 except psutil.Error:
                     pass
-        psutil.wait_procs(alive, timeout=2)
+        _wait_gone(alive, timeout=2)
+
+
+def _wait_gone(procs, timeout):
+    """Wait until each killed process is gone or a zombie, reaping those that are our children.
+    Not psutil.wait_procs: it waits for a zombie until the timeout, and the zombies here are most
+    often children of a frozen runner, which reaps them only when it is killed itself."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.wait(timeout=0)
+        if not any(_alive(p) for p in procs) or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def _run_checks(kernel, job, exercises):
@@ -678,6 +696,15 @@ def _check_sources():
     return sources
 
 
+def _part_sources(sources, part):
+    """What the checks of one part load: the package, its core, and the part's modules (part2,
+    part2_modules, ...). The kernel compiles all it is given, and every part's checks together
+    take it longer than the checks of most lessons take to run."""
+    own = re.compile(re.escape(part) + r"(_\w+)?")
+    return {name: text for name, text in sources.items()
+            if name in ("course.exercises", "course.exercises._core") or own.fullmatch(name)}
+
+
 def _user_site():
     # Python looks for the user's packages under HOME, which a run gets a fresh one of: point it at
     # the real ones if the course or its dependencies are there, else turn them off.
@@ -723,7 +750,8 @@ def _run(job, time_limit, sandbox, hide):
         if sandbox:
             env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
         message = {"key": key, "cells": job["cells"], "exercises": exercises, "part": job["part"],
-                   "exercise_cells": job["exercise_cells"], "sources": job["sources"], "env": env,
+                   "exercise_cells": job["exercise_cells"], "sources": _part_sources(job["sources"], job["part"]),
+                   "env": env,
                    "memory": int(job["memory"] * 2**30)}
         command = [sys.executable, "-c", "from course.grading import runner_main; runner_main()"]
         if sandbox:

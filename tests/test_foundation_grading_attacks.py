@@ -91,9 +91,11 @@ FAKE_LINE = "\x1b[2K\r[1/1] alice.ipynb: ok, 4/4 passed\n"
 
 
 def _handout(*extra, at=None):
+    """The lesson's exercise cells after an import of `check` alone (not the lesson's imports:
+    matplotlib is slow to import and no attack needs it), with `extra` cells at `at` or the end."""
     nb = nbformat.read(str(LESSON), as_version=4)
-    nb.cells = [c for c in nb.cells if c.cell_type == "code"
-                and ("from course.exercises import check" in c.source or 'check("' in c.source)]
+    nb.cells = [nbformat.v4.new_code_cell("from course.exercises import check")] + [
+        c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
     for n, source in enumerate(extra):
         nb.cells.insert(len(nb.cells) if at is None else at + n, nbformat.v4.new_code_cell(source))
     return nb

@@ -25,11 +25,16 @@ def _never_ending_notebook(tmp_path, token):
     nb = nbformat.read(str(LESSON), as_version=4)
     nb.cells = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
     nb.cells.insert(0, nbformat.v4.new_code_cell("from course.exercises import check"))
+    # Every signal held back from the cell's thread, then a sleep: no Python signal handler (no
+    # KeyboardInterrupt, whatever Jupyter sends) runs until it wakes, and it waits without keeping
+    # a core busy while other tests run.
     nb.cells.append(nbformat.v4.new_code_cell(
-        "import subprocess, sys\n"
+        "import signal, subprocess, sys, time\n"
         f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {token!r}],\n"
         "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        "sum(range(10**14))  # one call into C: no Python signal handler runs until it returns"))
+        "signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\n"
+        "while True:\n"
+        "    time.sleep(3600)"))
     path = tmp_path / LESSON.name
     nbformat.write(nb, str(path))
     return path
