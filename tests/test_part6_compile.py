@@ -7,6 +7,7 @@ had, those tests are skipped with the reason. The check's own note for that case
 everywhere, with NVVM made unavailable.
 """
 
+import functools
 import importlib
 import json
 import linecache
@@ -297,9 +298,10 @@ SOLUTION_ARGS = {
 SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 
 
+@functools.lru_cache(maxsize=None)
 def _solution_kernels(path):
     """Run the notebook's code cells (not the Colab install cell), with `check` recording instead
-    of checking; return the kernels its cells define."""
+    of checking; return the kernels its cells define (once per notebook: two tests ask)."""
     namespace = {"__name__": "__solution__", "check": lambda exercise_id, candidate: None}
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     for number, cell in enumerate(cells):
