@@ -24,10 +24,12 @@ help: ## list the targets
 # (Debian, Ubuntu): once that is installed, the next run makes .venv afresh.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python -a -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
-	@# pip compiles what it installs to bytecode one file at a time; compileall shares that work among
-	@# the cores (a file that is not Python 3, which pip would skip too, does not stop the setup)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools
+	@# the course itself is built with the setuptools just installed (not in a throwaway environment
+	@# that installs it again); pip compiles what it installs to bytecode one file at a time, so
+	@# compileall does that afterwards on every core (a file that is not Python 3, which pip would
+	@# skip too, does not stop the setup)
+	$(BIN)/python -m pip install -q --no-compile --no-build-isolation -e ".[dev]"
 	$(BIN)/python -m compileall -qq -j 0 $$($(BIN)/python -c "import sysconfig as s; print(*{s.get_path('purelib'), s.get_path('platlib')})") || true
 	@touch $(STAMP)
 
