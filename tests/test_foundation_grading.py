@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from course import grading, notebooks
+from handouts import exercise_handout  # tests/handouts.py
 
 pytestmark = [pytest.mark.foundation, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,18 +64,8 @@ def _lesson_nb():
     return nbformat.read(str(_first_lesson()), as_version=4)
 
 
-def _short_handout():
-    """The lesson's exercise cells, untouched, after an import of `check` alone: a quick stand-in
-    for a whole handout that tries nothing but its one extra cell. (The lesson's own imports bring
-    matplotlib, which takes a fresh kernel longer to import than the rest of such a run.)"""
-    nb = _lesson_nb()
-    nb.cells = [nbformat.v4.new_code_cell("from course.exercises import check")] + [
-        c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
-    return nb
-
-
 def _with_cell(source, before_exercises=False):
-    nb = _short_handout()
+    nb = exercise_handout(_first_lesson())  # a handout that tries nothing but its one extra cell
     cell = nbformat.v4.new_code_cell(source)
     nb.cells.insert(1 if before_exercises else len(nb.cells), cell)
     return nb

@@ -14,6 +14,7 @@ import pytest
 
 from course import grading
 from course.__main__ import main
+from handouts import exercise_handout  # tests/handouts.py
 
 pytestmark = [pytest.mark.foundation, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,11 +92,8 @@ FAKE_LINE = "\x1b[2K\r[1/1] alice.ipynb: ok, 4/4 passed\n"
 
 
 def _handout(*extra, at=None):
-    """The lesson's exercise cells after an import of `check` alone (not the lesson's imports:
-    matplotlib is slow to import and no attack needs it), with `extra` cells at `at` or the end."""
-    nb = nbformat.read(str(LESSON), as_version=4)
-    nb.cells = [nbformat.v4.new_code_cell("from course.exercises import check")] + [
-        c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
+    """The lesson's handout with `extra` cells at `at` or the end."""
+    nb = exercise_handout(LESSON)
     for n, source in enumerate(extra):
         nb.cells.insert(len(nb.cells) if at is None else at + n, nbformat.v4.new_code_cell(source))
     return nb

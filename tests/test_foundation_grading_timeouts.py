@@ -14,6 +14,7 @@ import pytest
 
 from course import grading
 from course.notebooks import lesson_paths
+from handouts import exercise_handout  # tests/handouts.py
 
 pytestmark = [pytest.mark.foundation, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +23,7 @@ SANDBOXED = grading.sandbox_problem() is None
 
 
 def _never_ending_notebook(tmp_path, token):
-    nb = nbformat.read(str(LESSON), as_version=4)
-    nb.cells = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
-    nb.cells.insert(0, nbformat.v4.new_code_cell("from course.exercises import check"))
+    nb = exercise_handout(LESSON)
     # Every signal held back from the cell's thread, then a sleep: no Python signal handler (no
     # KeyboardInterrupt, whatever Jupyter sends) runs until it wakes, and it waits without keeping
     # a core busy while other tests run.
