@@ -12,11 +12,13 @@ NB     ?=
 # Tests run on both cores, one process each (so BLAS gets one thread each); every notebook keeps
 # to one worker so its cells run in order.
 PYTEST_ARGS ?= -n 2 --dist loadfile
-# A run starts over a hundred Python processes (a kernel per notebook, the graders' runs, ...), so
-# it keeps Python's bytecode caches (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE
-# is set: without them every process compiles the course's modules again, and pytest rewrites the
-# tests and its plugins' modules again in each of its processes.
-TEST_ENV    := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
+ONE_THREAD  := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+# Python keeps the bytecode of what it imports (in __pycache__/ folders, which git ignores) even
+# where PYTHONDONTWRITEBYTECODE is set: `make test` starts over a hundred Python processes (a kernel
+# per notebook, the graders' runs, ...), and without the caches each one compiles again what it
+# imports, and pytest rewrites the tests and its plugins' modules again in each of its processes.
+export PYTHONDONTWRITEBYTECODE :=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lab test test-fast notebooks assignment grade bench doctor colab syllabus clean
@@ -28,11 +30,11 @@ help: ## list the targets
 # (Debian, Ubuntu): once that is installed, the next run makes .venv afresh.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python -a -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
-	@# uv installs what pip would (the same versions), downloading in parallel and compiling the
-	@# bytecode on every core: a fresh .venv in about 25 s where pip takes about 60 s. Where uv
-	@# cannot be installed or cannot install (no wheel for this machine, a proxy it does not
-	@# trust), pip does it.
-	$(BIN)/python -m pip install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python --compile-bytecode -e ".[dev]" \
+	@# uv installs what pip would (the same versions), downloading in parallel, and leaves the
+	@# bytecode to be compiled as modules are first imported: a fresh .venv in about 15 s where
+	@# pip takes about 60 s. Where uv cannot be installed or cannot install (no wheel for this
+	@# machine, a proxy it does not trust), pip does it.
+	$(BIN)/python -m pip install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python -e ".[dev]" \
 	  || ($(BIN)/python -m pip install -q --upgrade pip setuptools && $(BIN)/python -m pip install -q -e ".[dev]")
 	@touch $(STAMP)
 
@@ -42,10 +44,10 @@ lab: setup ## open JupyterLab at the top of the course: notebooks/ and solutions
 	$(BIN)/python -m course lab
 
 test: setup ## run every test: unit tests, all notebooks (nbval) and the exercise checks
-	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
+	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval --nbval-sanitize-with sanitize.cfg --nbval-current-env tests notebooks solutions
 
 test-fast: setup ## only the unit tests of course/
-	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS) tests
+	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
 notebooks: setup ## re-execute notebooks in place in a fresh kernel (all, or NB="path ...")
 	$(BIN)/python -m course notebooks $(NB)
