@@ -1,5 +1,6 @@
 """pytest configuration for the whole repository: part markers and repeatable runs."""
 
+import gc
 import os
 import re
 
@@ -21,6 +22,47 @@ except ImportError:  # hypothesis is part of the dev extra
     pass
 
 
+# The files that take longest on a 2-core machine, longest first. `make test` hands whole files to its
+# two workers (--dist loadfile), each to whichever is free, in this order; so the short files come
+# last, and neither worker ends the run waiting alone on a long one. (xdist's own order, the files
+# with the most tests first, puts a file of two long tests at the very end.) The three that compile
+# the most CPU kernels (cpu, fused, device) are kept apart, so that the two workers do not compile
+# the same kernel at the same time.
+LONGEST_FIRST = [
+    "tests/test_part6_cpu.py",
+    "tests/test_part6_compile.py",
+    "tests/test_foundation_grading.py",
+    "tests/test_part6_exercises.py",
+    "tests/test_part6_fused.py",
+    "tests/test_foundation_browser.py",  # JupyterLab in Chromium, where CI installs them
+    "notebooks/5-mamba/5.4-mamba-vs-gpt.ipynb",
+    "notebooks/4-gpt/4.4-training-and-sampling.ipynb",
+    "tests/test_part6_device.py",
+    "notebooks/6-kernels/6.3-matrix-multiplication.ipynb",
+    "tests/test_foundation_grading_attacks.py",
+    "tests/test_foundation_lab.py",
+    "tests/test_foundation_grading_timeouts.py",
+    "notebooks/6-kernels/6.5-fusion-and-flash-attention.ipynb",
+    "tests/test_part2_tensor.py",
+    "notebooks/1-micrograd/1.3-neural-net.ipynb",
+    "solutions/6-kernels/6.3-matrix-multiplication.ipynb",
+    "notebooks/2-tensors/2.1-from-scalars-to-arrays.ipynb",
+    "notebooks/6-kernels/6.2-shared-memory.ipynb",
+]
+_RANK = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's reordering, which would undo ours
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_finish(session):
+    # What collection built (thousands of test items, the modules) lives until the end: frozen, it is
+    # no longer walked by every later garbage collection, which tests that make many objects trigger.
+    gc.freeze()
+
+
 def pytest_ignore_collect(collection_path, config):
     """JupyterLab keeps a copy of every notebook it opens in `.ipynb_checkpoints/`: never a test."""
     if ".ipynb_checkpoints" in collection_path.parts:
@@ -29,6 +71,15 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+
+    def rank(item):
+        try:
+            return _RANK.get(item.path.relative_to(root).as_posix(), len(_RANK))
+        except ValueError:
+            return len(_RANK)
+
+    items.sort(key=rank)  # stable: the tests of a file, and the cells of a notebook, keep their order
     for item in items:
         path = str(item.fspath)
         found = PART_FOLDER.search(path)
