@@ -30,11 +30,11 @@ help: ## list the targets
 # (Debian, Ubuntu): once that is installed, the next run makes .venv afresh.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python -a -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
-	@# uv installs what pip would (the same versions), downloading in parallel, and leaves the
-	@# bytecode to be compiled as modules are first imported: a fresh .venv in about 15 s where
-	@# pip takes about 60 s. Where uv cannot be installed or cannot install (no wheel for this
-	@# machine, a proxy it does not trust), pip does it.
-	$(BIN)/python -m pip install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python -e ".[dev]" \
+	@# uv installs what pip would (the same versions; pip itself upgraded, for later installs by
+	@# hand), downloading in parallel, and leaves the bytecode to be compiled as modules are first
+	@# imported: a fresh .venv in about 15 s where pip takes about 60 s. Where uv cannot be
+	@# installed or cannot install (no wheel for this machine, a proxy it does not trust), pip does it.
+	$(BIN)/python -m pip install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python --upgrade-package pip pip -e ".[dev]" \
 	  || ($(BIN)/python -m pip install -q --upgrade pip setuptools && $(BIN)/python -m pip install -q -e ".[dev]")
 	@touch $(STAMP)
 
