@@ -302,7 +302,10 @@ SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 def _solution_kernels(path):
     """Run the notebook's code cells (not the Colab install cell), with `check` recording instead
     of checking; return the kernels its cells define (once per notebook: two tests ask)."""
-    namespace = {"__name__": "__solution__", "check": lambda exercise_id, candidate: None}
+    def recorded(exercise_id, candidate):
+        return None
+
+    namespace = {"__name__": "__solution__"}
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     for number, cell in enumerate(cells):
         source = "".join(cell["source"])
@@ -311,6 +314,7 @@ def _solution_kernels(path):
         filename = f"<{path.name}, code cell {number}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # numba's errors quote it
         exec(compile(source, filename, "exec"), namespace)
+        namespace["check"] = recorded  # after the cell that imports the real one too: nbval runs the checks
     return {name: k for name, k in _kernels_of(namespace).items() if k.py_func.__code__.co_filename.startswith("<")}
 
 
