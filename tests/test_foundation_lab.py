@@ -238,7 +238,7 @@ def test_the_readme_gives_the_commands_make_runs_for_a_machine_without_make():
     commands = [part.strip(" \\()") for line in _make_dry_run("-B", "test", "lab")
                 for part in re.split(r"&&|\|\|", line)]
     made = [re.sub(r"^(\w+=\S* )*\.venv/bin/", "", command).replace(" -q ", " ") for command in commands
-            if command.startswith(".venv/bin/python -m") or re.match(r"(\w+=\S* )+\.venv/bin/python -m", command)]
+            if re.match(r"(\w+=\S* )*\.venv/bin/python -m", command)]
     # make installs with uv where it can (faster, the same packages) and with pip where it cannot;
     # by hand, the README gives pip's way, which needs nothing more
     made = [command for command in made if " -m uv " not in command and not command.endswith("pip install uv")]

@@ -300,12 +300,13 @@ SOLUTIONS = sorted((ROOT / "solutions" / "6-kernels").glob("*.ipynb"))
 
 @functools.lru_cache(maxsize=None)
 def _solution_kernels(path):
-    """Run the notebook's code cells (not the Colab install cell), with `check` recording instead
-    of checking; return the kernels its cells define (once per notebook: two tests ask)."""
-    def recorded(exercise_id, candidate):
+    """Run the notebook's code cells (not the Colab install cell) with `check` doing nothing (nbval
+    runs the real checks on the solutions); return the kernels its cells define (once per notebook:
+    two tests ask)."""
+    def skipped(exercise_id, candidate):
         return None
 
-    namespace = {"__name__": "__solution__"}
+    namespace = {"__name__": "__solution__", "check": skipped}
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     for number, cell in enumerate(cells):
         source = "".join(cell["source"])
@@ -314,7 +315,7 @@ def _solution_kernels(path):
         filename = f"<{path.name}, code cell {number}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # numba's errors quote it
         exec(compile(source, filename, "exec"), namespace)
-        namespace["check"] = recorded  # after the cell that imports the real one too: nbval runs the checks
+        namespace["check"] = skipped  # again after the cell that imports the real one
     return {name: k for name, k in _kernels_of(namespace).items() if k.py_func.__code__.co_filename.startswith("<")}
 
 
