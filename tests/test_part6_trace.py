@@ -442,19 +442,20 @@ def test_each_block_has_its_own_shared_array_in_the_report_and_the_picture(rng):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = rng.standard_normal(80).astype(np.float32)
-    report = K.trace(K.reduce_sum_kernel, 3, 16, x, np.zeros(3, np.float32))
+    t = K.THREADS_PER_BLOCK  # the kernel's shared array has a slot per thread of a full block (16 or 256)
+    x = rng.standard_normal(5 * t).astype(np.float32)
+    report = K.trace(K.reduce_sum_kernel, 3, t, x, np.zeros(3, np.float32))
     owner = report.touched_by("cache", phase=0)
-    assert owner.shape == (3, 16)
-    np.testing.assert_array_equal(owner, np.arange(48).reshape(3, 16))  # block b's copy: its own threads
-    np.testing.assert_array_equal(report.touched_by("cache", phase=0, block=2), np.arange(32, 48))
-    assert report.counts("cache", "write").shape == (3, 16)
+    assert owner.shape == (3, t)
+    np.testing.assert_array_equal(owner, np.arange(3 * t).reshape(3, t))  # block b's copy: its own threads
+    np.testing.assert_array_equal(report.touched_by("cache", phase=0, block=2), np.arange(2 * t, 3 * t))
+    assert report.counts("cache", "write").shape == (3, t)
     copies = report.shared_copies("cache")
     assert sorted(copies) == [(0, 0, 0), (1, 0, 0), (2, 0, 0)] and copies[(1, 0, 0)] is not copies[(0, 0, 0)]
     with pytest.raises(KeyError, match="the kernel made cache"):
         report.shared_copies("tile")
     ax = report.draw("cache", phase=0)
-    assert len(ax.patches) == 48 and "one row per block" in ax.get_title()
+    assert len(ax.patches) == 3 * t and "one row per block" in ax.get_title()
     assert not any(p.get_facecolor()[:3] == (0, 0, 0) for p in ax.patches)  # no slot "written by several"
     plt.close("all")
 

@@ -37,7 +37,7 @@ from ..tensor import functional as F
 from ..tensor import tensor as _tensor
 from . import basics, cpu, fused, fused_cuda, rows, scan
 from ._backend import cuda as _cuda
-from . import matmul as _gpu_matmul
+from .matmul import matmul as cuda_matmul  # the host function (the module has its name too)
 
 DEVICES = ("cpu", "cuda")
 
@@ -65,10 +65,10 @@ class _Cuda:
     @staticmethod
     def matmul(a, b):
         if a.ndim == 2:
-            return _gpu_matmul.matmul(a, b)
+            return cuda_matmul(a, b)
         out = np.empty(a.shape[:-1] + b.shape[-1:], dtype=np.float32)
         for i in np.ndindex(a.shape[:-2]):
-            out[i] = _gpu_matmul.matmul(a[i], b[i])
+            out[i] = cuda_matmul(a[i], b[i])
         return out
 
     @staticmethod

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._backend import backend, cuda
 from .launch import THREADS_PER_BLOCK, blocks_for, launch
+from .matmul import matmul_into
 
 AXES = 4
 # A grid-stride loop lets a bounded grid cover any size. Without a GPU each thread is a Python
@@ -397,13 +398,10 @@ def batched_matmul_kernel(a, b, c):
 
 def matmul(a, b, c):
     """c = a @ b for contiguous 3-D device arrays (batch, m, k) @ (batch, k, n)."""
-    from . import matmul as _matmul
-
     if not c.size:
         return c
-    into = getattr(_matmul, "matmul_into", None)
-    if backend() == "gpu" and into is not None and a.dtype == b.dtype == c.dtype == np.dtype(np.float32):
-        into(a.raw(), b.raw(), c.raw())
+    if backend() == "gpu" and a.dtype == b.dtype == c.dtype == np.dtype(np.float32):
+        matmul_into(a.raw(), b.raw(), c.raw())  # lesson 6.3's fastest kernel
         return c
     # The simulator runs the simple kernel: its tiles would start many threads per launch.
     launch(batched_matmul_kernel, min(blocks_for(c.size, THREADS), MAX_BLOCKS), THREADS, a.raw(), b.raw(), c.raw())
