@@ -95,3 +95,13 @@ def test_an_unknown_row_is_reported():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "no-such-row"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode != 0 and "no row matches no-such-row" in out.stderr
+
+
+def test_the_gpu_profile_says_when_there_is_no_gpu():
+    import course.kernels as K
+
+    if K.backend() == "gpu":
+        pytest.skip("a GPU is here: the profile runs for real (python -m benchmarks.profile_gpu)")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.profile_gpu"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("skipped: no GPU here"), out.stdout + out.stderr
