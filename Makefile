@@ -21,7 +21,7 @@ ONE_THREAD  := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYTHONDONTWRITEBYTECODE :=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test test-fast notebooks assignment grade bench doctor colab syllabus clean
+.PHONY: help setup lab test test-fast test-gpu notebooks assignment grade bench doctor colab syllabus clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
@@ -48,6 +48,11 @@ test: setup ## run every test: unit tests, all notebooks (nbval) and the exercis
 
 test-fast: setup ## only the unit tests of course/
 	$(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+test-gpu: setup ## part 6 on this machine's GPU: its tests, then its lessons and solutions run clean (nbval-lax)
+	@COURSE_CUDA= $(BIN)/python -c "import sys, course.kernels as K; sys.exit(0 if K.backend() == 'gpu' else 'make test-gpu needs a GPU: ' + K.backend_reason())"
+	COURSE_CUDA=gpu $(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) -m part6 tests
+	COURSE_CUDA=gpu $(ONE_THREAD) $(BIN)/python -m pytest $(PYTEST_ARGS) --nbval-lax --nbval-current-env notebooks/6-kernels solutions/6-kernels
 
 notebooks: setup ## re-execute notebooks in place in a fresh kernel (all, or NB="path ...")
 	$(BIN)/python -m course notebooks $(NB)
