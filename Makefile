@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	  && $(PYTHON) -m pip --python $(BIN)/python install -q uv pip 2>/dev/null) || $(PYTHON) -m venv --clear $(VENV)
 	@# uv installs what pip would (the same versions; pip itself upgraded, for later installs by
 	@# hand), downloading in parallel, and leaves the bytecode to be compiled as modules are first
-	@# imported: a fresh .venv in about 10 s where pip takes about 60 s. Where uv cannot be
+	@# imported: a fresh .venv in about a third of the time pip takes. Where uv cannot be
 	@# installed or cannot install (no wheel for this machine, a proxy it does not trust), pip does it.
 	($(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/python -m pip install -q uv) \
 	  && $(BIN)/python -m uv pip install -q --python $(BIN)/python --upgrade-package pip pip -e ".[dev]" \
