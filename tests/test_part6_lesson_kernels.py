@@ -67,10 +67,7 @@ def array_shape_problems(source):
 
 def _code_cells(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    for number, cell in enumerate(cells, 1):
-        source = "".join(cell["source"])
-        lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
-        yield number, "\n".join(lines)
+    return [(number, "".join(cell["source"])) for number, cell in enumerate(cells, 1)]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[f"{p.parent.parent.name}/{p.name}" for p in NOTEBOOKS])
