@@ -48,7 +48,29 @@ LONGEST_FIRST = [
     "solutions/6-kernels/6.3-matrix-multiplication.ipynb",
     "notebooks/2-tensors/2.1-from-scalars-to-arrays.ipynb",
     "notebooks/6-kernels/6.2-shared-memory.ipynb",
-]
+    "notebooks/1-micrograd/1.2-backprop.ipynb",
+    "tests/test_foundation_bench.py",
+    "notebooks/5-mamba/5.3-the-mamba-model.ipynb",
+    "solutions/6-kernels/6.2-shared-memory.ipynb",
+    "tests/test_foundation_cli.py",
+    "notebooks/4-gpt/4.1-tokenization.ipynb",
+    "tests/test_part6_exercises_device.py",
+    "notebooks/2-tensors/2.3-digits-classifier.ipynb",
+    "notebooks/2-tensors/2.2-modules-and-optimizers.ipynb",
+    "notebooks/3-minitf/3.3-graph-compiler.ipynb",
+    "solutions/6-kernels/6.1-execution-model.ipynb",
+    "solutions/6-kernels/6.4-kernels-in-the-engine.ipynb",
+    "tests/test_part4_tokenizer.py",
+    "notebooks/6-kernels/6.4-kernels-in-the-engine.ipynb",
+    "solutions/6-kernels/6.6-tensors-on-the-gpu.ipynb",
+    "notebooks/5-mamba/5.2-selective-scan.ipynb",
+    "notebooks/6-kernels/6.1-execution-model.ipynb",
+    "notebooks/4-gpt/4.2-attention.ipynb",
+    "tests/test_part1_micrograd.py",
+    "notebooks/4-gpt/4.3-the-model.ipynb",
+    "notebooks/3-minitf/3.1-define-then-run.ipynb",
+    "tests/test_part6_backend.py",
+]  # then the rest, each under 4 s, in the order pytest collects them
 _RANK = {path: i for i, path in enumerate(LONGEST_FIRST)}
 
 

@@ -189,6 +189,7 @@ class TracedArray:
 
     def __init__(self, data, name, tracer, prefix=(), space="global", block=None, offset=0):
         self._data, self.name, self._tracer, self._prefix = data, name, tracer, prefix
+        self._shape, self._strides = data.shape, data.strides  # read on every access: kept at hand
         self._space, self._block = space, block
         self._ptr = data.__array_interface__["data"][0]
         if space == "global":
@@ -219,8 +220,14 @@ class TracedArray:
         return row
 
     def _index(self, key):
-        if type(key) is int:  # the common case, x[i], first
+        if type(key) is int:  # the common cases first: x[i], and x[i, j] of Python ints
             return self._prefix + (key,)
+        if type(key) is tuple and len(key) <= len(self._shape) - len(self._prefix):
+            for k in key:
+                if type(k) is not int:
+                    break
+            else:
+                return self._prefix + key
         key = key if isinstance(key, tuple) else (key,)
         for k in key:
             if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
@@ -231,7 +238,7 @@ class TracedArray:
         return self._prefix + tuple(int(k) for k in key)
 
     def _inside(self, index):
-        for i, n in zip(index, self._data.shape):
+        for i, n in zip(index, self._shape):
             if not 0 <= i < n:
                 return False
         return True
@@ -487,14 +494,15 @@ class _Tracer:
     # ----- what the kernel's code calls -------------------------------------------------------
     def _record(self, array, index, kind):
         th = self._current
-        data = array._data
-        offset = sum(i * s for i, s in zip(index, data.strides))
+        offset = 0
+        for i, s in zip(index, array._strides):
+            offset += i * s
         space = array._space
         key = (space, th.phase, th.epoch)
         seq = th.seq.get(key, 0)
         th.seq[key] = seq + 1
         acc = Access(th.block, th.thread, th.phase, kind, th.epoch, space, array._ptr + offset, array._region,
-                     array._offset + offset, data.itemsize, seq)
+                     array._offset + offset, array._data.itemsize, seq)
         if array._written is not None:
             self._check_initialised(array, index, th, kind)
         self.records.setdefault(array.name, []).append((index, acc))
@@ -503,9 +511,13 @@ class _Tracer:
     def _check_initialised(self, array, index, th, kind):
         writes = array._written.setdefault(index, [])
         if kind != "write":  # a read, or an atomic update, which reads first
-            before = any(p < th.phase or t is th or (p == th.phase and w == th.warp and e < th.epoch)
-                         for p, e, t, w in writes)
-            if not before:
+            # It reads what was written before it: in an earlier phase, by this thread itself, or by
+            # its warp before a syncwarp().
+            phase, warp, epoch = th.phase, th.warp, th.epoch
+            for p, e, t, w in writes:
+                if p < phase or t is th or (p == phase and w == warp and e < epoch):
+                    break
+            else:
                 self.uninitialised.append((array.name, index, th.block, th.thread, th.phase))
         if kind != "read":
             writes.append((th.phase, th.epoch, th, th.warp))
@@ -871,9 +883,9 @@ class TraceReport:
 
     def _number(self, block, thread):
         gx, gy, _ = self._t.grid
-        bx, by, _ = self._t.block
+        bx, by, bz = self._t.block
         b = block[0] + gx * (block[1] + gy * block[2])
-        return b * int(np.prod(self._t.block)) + thread[0] + bx * (thread[1] + by * thread[2])
+        return b * (bx * by * bz) + thread[0] + bx * (thread[1] + by * thread[2])
 
     def _per_element(self, array, block, fill, add):
         """One value per element of `array` (per block for a shared array), from `add(out, index, acc)`."""

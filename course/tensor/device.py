@@ -60,7 +60,12 @@ def of(array):
 
 def is_array(x):
     """Whether `x` is an array the engine can hold: a NumPy array or a registered device's array."""
-    return isinstance(x, np.ndarray) or any(isinstance(x, b.array_type) for b in _backends.values())
+    if isinstance(x, np.ndarray):
+        return True
+    for backend in _backends.values():
+        if isinstance(x, backend.array_type):
+            return True
+    return False
 
 
 def move(array, device):

@@ -80,7 +80,8 @@ def _numbers_array(data):
 
 
 def _is_value(x):
-    return all(hasattr(x, a) for a in ("_prev", "_op", "data", "grad"))  # micrograd's Value, or one like it
+    # micrograd's Value, or one like it (a number, the common case, fails the first test)
+    return hasattr(x, "_prev") and all(hasattr(x, a) for a in ("_op", "data", "grad"))
 
 
 def _mixed_error(other):
@@ -201,15 +202,17 @@ class Tensor:
 
     def _lift(self, other, op="operation"):
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
+        on_cpu = isinstance(self.data, np.ndarray)  # NumPy's arrays live on the CPU: no need to ask
         if isinstance(other, Tensor):
-            if other.device != self.device and not (_is_number(other) or _is_number(self)):
+            both_cpu = on_cpu and isinstance(other.data, np.ndarray)
+            if not both_cpu and other.device != self.device and not (_is_number(other) or _is_number(self)):
                 raise _device.mismatch(op, (self.device, other.device))
             return other
         if other is None or _is_value(other):
             raise TypeError(_mixed_error(other))
-        if self.device != "cpu" and np.ndim(other) > 0:
+        if not on_cpu and self.device != "cpu" and np.ndim(other) > 0:
             raise _device.mismatch(op, (self.device, "cpu"))
-        if not np.issubdtype(self.data.dtype, np.floating):
+        if self.data.dtype.kind != "f":
             # An integer tensor times 0.5 must not truncate 0.5 to 0: let NumPy promote.
             return Tensor(np.asarray(other))
         return Tensor(np.asarray(other, dtype=self.data.dtype))
