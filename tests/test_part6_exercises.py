@@ -1200,20 +1200,9 @@ matmul_register_contiguous_rows = _register_kernel(_contiguous_rows)
 
 
 # numba refuses these kernels when it compiles them for a GPU; the tracer runs Python, so only the
-# checks' GPU compile step (numba.cuda.compile_ptx, where NVVM is installed) catches them. Whether
-# NVVM is there is asked when such a case runs, not when the file is collected: asking starts the
-# compiling process, which a worker that runs none of these cases does not need.
+# checks' GPU compile step (numba.cuda.compile_ptx, where NVVM is installed) catches them. The mark
+# skips a case where NVVM is missing (tests/conftest.py).
 NEEDS_PTX = pytest.mark.needs_ptx
-
-
-@pytest.fixture(autouse=True)
-def _skip_without_nvvm(request):
-    if request.node.get_closest_marker("needs_ptx") is not None:
-        from course.kernels import compile as gpu
-
-        ok, why = gpu.available()
-        if not ok:
-            pytest.skip(f"no NVVM to compile for a GPU: {why}")
 
 
 CASES = [

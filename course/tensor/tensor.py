@@ -202,15 +202,13 @@ class Tensor:
 
     def _lift(self, other, op="operation"):
         """Wrap a number or array as a constant tensor of this tensor's dtype (float32 stays float32)."""
-        on_cpu = isinstance(self.data, np.ndarray)  # NumPy's arrays live on the CPU: no need to ask
         if isinstance(other, Tensor):
-            both_cpu = on_cpu and isinstance(other.data, np.ndarray)
-            if not both_cpu and other.device != self.device and not (_is_number(other) or _is_number(self)):
+            if other.device != self.device and not (_is_number(other) or _is_number(self)):
                 raise _device.mismatch(op, (self.device, other.device))
             return other
         if other is None or _is_value(other):
             raise TypeError(_mixed_error(other))
-        if not on_cpu and self.device != "cpu" and np.ndim(other) > 0:
+        if self.device != "cpu" and np.ndim(other) > 0:
             raise _device.mismatch(op, (self.device, "cpu"))
         if self.data.dtype.kind != "f":
             # An integer tensor times 0.5 must not truncate 0.5 to 0: let NumPy promote.
