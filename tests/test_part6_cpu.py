@@ -209,16 +209,46 @@ def test_one_compiled_product_per_dtype_for_every_layout(rng):
     assert len(compiled) == 1, compiled
 
 
-def test_float64_runs_the_one_thread_twin_and_float32_the_parallel_kernel(rng):
+def test_shared_kernels_give_the_same_numbers_on_one_thread_and_on_several(rng, monkeypatch):
+    """`_share` splits a kernel's jobs between threads; each job is computed as on one thread, so
+    the numbers are the same to the last bit (`make test` allows one thread: here three are forced)."""
     from course.kernels import fused
 
-    q = arr(rng, 2, 70, 8)  # longer than DIRECT_T: the tiled kernels
-    out64, lse64 = fused.attention_forward(q, q, q)
-    out32, lse32 = fused.attention_forward(q.astype(np.float32), q.astype(np.float32), q.astype(np.float32))
-    np.testing.assert_allclose(out32, out64, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(lse32, lse64, rtol=1e-5)
-    twin = cpu._ONE_THREAD[fused._attention_forward]
-    assert twin.targetoptions["fastmath"] is True and not twin.targetoptions.get("parallel")
-    assert [sig[0].dtype for sig in twin.signatures] == [numba.float64]
-    assert numba.float64 not in [sig[0].dtype for sig in fused._attention_forward.signatures]
-    assert numba.float32 in [sig[0].dtype for sig in fused._attention_forward.signatures]
+    q, k, v = (arr(rng, 5, 70, 8, dtype=np.float32) for _ in range(3))  # 5 heads, 2 query tiles each
+    dout = arr(rng, 5, 70, 8, dtype=np.float32)
+    scan = scan_inputs(rng, dtype=np.float32)
+    a, b = arr(rng, 50, 300, dtype=np.float32), arr(rng, 300, 40, dtype=np.float32)  # two blocks of k
+    heads, keys = arr(rng, 4, 30, 8, dtype=np.float32), arr(rng, 4, 8, 20, dtype=np.float32)
+
+    def run():
+        out, lse = fused.attention_forward(q, k, v, causal=True)
+        grads = fused.attention_backward(q, k, v, out, lse, dout, causal=True)
+        y, states = cpu.selective_scan(*scan, return_states=True)
+        scan_grads = cpu.selective_scan_backward(np.ones_like(y), *scan, states)
+        return [out, lse, *grads, y, *scan_grads, cpu.matmul(a, b), cpu.matmul_bt(b.T, a), cpu.matmul(heads, keys)]
+
+    alone = run()
+    calls = []
+    original = cpu._share
+    monkeypatch.setattr(cpu, "threads", lambda: 3)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", 0)
+    monkeypatch.setattr(cpu, "_share", lambda kernel, work, jobs, *args: (calls.append(jobs),
+                                                                          original(kernel, work, jobs, *args)))
+    shared = run()
+    assert calls and min(calls) >= 2 and max(calls) >= 3, calls  # jobs enough for the threads
+    for x, y in zip(alone, shared):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_forked_child_shares_its_kernels_on_threads_of_its_own(rng, monkeypatch):
+    """A process forked after the parent started its threads has none of them: it starts its own."""
+    import multiprocessing
+
+    monkeypatch.setattr(cpu, "threads", lambda: 2)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", 0)
+    a, b = arr(rng, 40, 30, dtype=np.float32), arr(rng, 30, 20, dtype=np.float32)
+    expected = cpu.matmul(a, b)
+    assert cpu._helpers
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(cpu.matmul, (a, b)).get(timeout=60)
+    np.testing.assert_array_equal(got, expected)

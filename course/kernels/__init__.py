@@ -6,7 +6,7 @@
     K.matmul(a, b, method="tiled")      # or "naive", "thread_tile", "register"
     K.matmul_into(a, b, out)            # batched, on device arrays, the fastest kernel by default
     K.selective_scan(u, delta, A, B, C, D)
-    K.cpu.matmul(a, b)                  # the CPU twins (numba.njit, prange)
+    K.cpu.matmul(a, b)                  # the CPU twins (numba.njit, on several threads)
     K.fused_cuda.attention(q, k, v)     # lesson 6.5: attention by tiles (and its backward), cross-entropy
     K.fused.attention(q, k, v)          # and their CPU twins, fused autograd operations
     with K.use_kernels("cpu"):          # or "cuda": GPT and Mamba run on the kernels

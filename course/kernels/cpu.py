@@ -1,18 +1,23 @@
 """The same operations on the CPU, compiled by Numba (`@njit`).
 
 These are the CPU twins of the CUDA kernels: the same algorithms, where a GPU block becomes an
-iteration of a loop. The two heavy ones, the matrix product and the scan, run their outer loop
-with `prange`, which hands the iterations to the CPU's threads; the others read each number once
-or twice, so memory, not arithmetic, sets their speed, and they stay on one thread (each parallel
-loop also costs seconds of compilation). They work in float32 and float64.
+iteration of a loop. The heavy ones (the matrix product, the scan, and lesson 6.5's fused kernels)
+share their outer loop between the CPU's threads: each is a one-thread kernel over a range of its
+jobs (`job0` to `job1`), compiled with `nogil=True`, and `_share` runs it on several Python threads
+at once, each on its own range. The others read each number once or twice, so memory, not
+arithmetic, sets their speed, and they stay on one thread. They work in float32 and float64.
+
+Why not numba's `prange`? It compiles each parallel loop into functions of their own, and took two
+to three times as long to compile as the same loop on one thread (the scan's backward: 4.7 s
+against 1.2 s), for every dtype; a first call pays that. A one-thread kernel is also the same code
+on one thread or several.
 
 A parallel loop is not free: the threads start together and the call returns only when the last
 one is done. When the cores are busy with other programs, that last thread can wait milliseconds
-for its turn, on every call, and a training step makes hundreds of calls. So `_run` gives a loop
-several threads only when there is enough work to share and threads to spare: it honours
+for its turn, on every call, and a training step makes hundreds of calls. So `_share` gives a
+kernel several threads only when there is enough work to share and threads to spare: it honours
 OMP_NUM_THREADS (the limit NumPy's BLAS obeys; `make test` sets it to 1) unless NUMBA_NUM_THREADS
-is set. In float64, the dtype of gradient checks, it runs each parallel kernel's one-thread twin,
-which numba compiles in a third of the time (see `_one_thread`).
+is set.
 
 The matrix product is the interesting one: `matmul` is built as the vendor BLAS libraries build
 theirs (a register micro-kernel, packing, cache blocking, threads over blocks of C; see the
@@ -23,12 +28,13 @@ transpose anything first.
 
 import math
 import os
+import threading
 
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
+from numba import njit, types
+from numba.core import cgutils, compiler
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
@@ -55,44 +61,97 @@ def threads():
     return n
 
 
-# float64 is the dtype of gradient checks (finite differences need its precision), while the models
-# train in float32. numba takes two to three times as long to compile a function with
-# `parallel=True` (fused attention's forward and backward: 15 s against 5 s), and a first call pays
-# that. So in float64 each parallel kernel runs its twin compiled without `parallel`: the same Python
-# function, whose `prange` then runs as `range`, on the calling thread.
-_ONE_THREAD = {}  # parallel kernel -> its twin
+class _ArraysApart(compiler.Compiler):
+    """numba's compiler, told that no two arrays a kernel is given overlap in memory (LLVM's
+    `noalias`). Without it, a store into one output array might change what another array holds,
+    so the compiler reloads every value after each store and cannot keep sums in registers: the
+    scan's backward ran 2.3 times slower (11.8 ms against 5.2 ms at the bench's sizes). numba tells
+    the compiler the same of the arrays in a `prange` loop's body, when it finds none that overlap.
+    The host functions below call these kernels only with arrays they have just allocated as
+    outputs, so it holds (inputs may be the same array: they are only read)."""
+
+    def __init__(self, typingctx, targetctx, library, args, return_type, flags, locals):
+        flags.noalias = True
+        super().__init__(typingctx, targetctx, library, args, return_type, flags, locals)
 
 
-def _one_thread(kernel):
-    twin = _ONE_THREAD.get(kernel)
-    if twin is None:
-        fn = kernel.py_func
-        copy = type(fn)(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        copy.__qualname__ = fn.__qualname__ + "_one_thread"  # its own file in numba's cache
-        options = {k: v for k, v in kernel.targetoptions.items() if k not in ("nopython", "parallel")}
-        twin = _ONE_THREAD[kernel] = njit(cache=True, **options)(copy)  # fastmath etc. as the kernel's
-    return twin
+def range_kernel(**options):
+    """The decorator of a kernel that `_share` runs: `numba.njit` with nogil (it lets go of Python's
+    lock while it runs, so that several threads run it at once), cached, its arrays apart."""
+    return njit(cache=True, nogil=True, pipeline_class=_ArraysApart, **options)
 
 
-def _for_dtype(kernel, args):
-    """The kernel to run on these arguments: its one-thread twin if it is parallel and the first
-    array is float64. Anything else (a compiled entry point from `_any_strides`) is returned as is."""
-    if not getattr(kernel, "targetoptions", {}).get("parallel"):
-        return kernel
-    first = next((a for a in args if isinstance(a, np.ndarray)), None)
-    return _one_thread(kernel) if first is not None and first.dtype == np.float64 else kernel
+class _Helper:
+    """A thread that runs a range of a kernel's jobs when asked. Two locks pass the work: the caller
+    releases `go`, the helper releases `done` when it has finished. A call costs about 18
+    microseconds on 2 cores, against about 50 through a ThreadPoolExecutor's queue and futures."""
+
+    def __init__(self):
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.work, self.error = None, None
+        threading.Thread(target=self._loop, name="course-cpu", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self.go.acquire()
+            kernel, args = self.work
+            try:
+                kernel(*args)
+            except BaseException as err:  # raised again in the caller's thread
+                self.error = err
+            self.work = None
+            self.done.release()
+
+    def start(self, kernel, args):
+        self.work, self.error = (kernel, args), None
+        self.go.release()
+
+    def wait(self):
+        """Wait until the helper has finished; its error, if it raised one, else None."""
+        self.done.acquire()
+        error, self.error = self.error, None
+        return error
 
 
-def _run(loop, work, *args):
-    """Call a `prange` loop on as many threads as `work` (multiply-adds) deserves; one thread runs
-    it in the calling thread, with no one to wait for. (In float64, its one-thread twin.)"""
-    loop = _for_dtype(loop, args)
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads() if work >= PARALLEL_WORK else 1)  # for this Python thread only
+_helpers = []
+_helpers_busy = threading.Lock()  # one caller at a time; a second runs its kernel on its own thread
+
+
+def _forget_helpers():  # a forked child has none of its parent's threads
+    global _helpers, _helpers_busy
+    _helpers, _helpers_busy = [], threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helpers)
+
+
+def _share(kernel, work, jobs, *args):
+    """Run `kernel(*args, job0, job1)` over the jobs 0 .. jobs - 1, on as many threads as `work`
+    (multiply-adds) deserves: each thread a contiguous range of the jobs, the calling thread the
+    first. One thread runs it in the calling thread, with no one to wait for."""
+    n = min(threads() if work >= PARALLEL_WORK else 1, jobs)
+    if n <= 1 or not _helpers_busy.acquire(blocking=False):
+        kernel(*args, 0, jobs)
+        return
     try:
-        loop(*args)
+        while len(_helpers) < n - 1:
+            _helpers.append(_Helper())
+        bounds = [jobs * i // n for i in range(n + 1)]
+        for i in range(1, n):
+            _helpers[i - 1].start(kernel, args + (bounds[i], bounds[i + 1]))
+        try:
+            kernel(*args, bounds[0], bounds[1])
+        finally:
+            errors = [helper.wait() for helper in _helpers[:n - 1]]  # every helper, whatever happened
+        for error in errors:
+            if error is not None:
+                raise error
     finally:
-        numba.set_num_threads(before)
+        _helpers_busy.release()
+
 
 # ----- exp that vectorises (the scan's, and the fused kernels' of lesson 6.5) -------------------------
 @intrinsic
@@ -378,7 +437,8 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 #    packed B (KC x NR numbers, 16 KB in float32) stays in L1 while every MR-row panel of A passes
 #    by. So each number is read from memory about once per block, not once per use.
 # 4. Threads over blocks of C: the MC-row blocks of C are independent (each thread packs its own
-#    A block), so they are shared out with `prange`; blocks are cut so each thread gets as many.
+#    A block, and the B blocks its rows need), so `_share` hands each thread a range of them;
+#    blocks are cut so each thread gets as many.
 MR = 6  # rows of the register block
 KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
 MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
@@ -548,12 +608,12 @@ def _block(A, bp, C, i0, m, k0, kc, j0, n, accumulate):
                         C[i + r, j + s] = edge[r, s] + C[i + r, j + s] if accumulate else edge[r, s]
 
 
-@njit(cache=True, parallel=True)
-def _gemm(A, B, C, mc):
+@range_kernel()
+def _gemm(A, B, C, mc, job0, job1):
     """C[i] = A[i] B[i] for batches A (b, m, k) and B (b, k, n) of any strides; one product is a
-    batch of one. Block of B by block of B: each matrix's block is packed once, then the MC-row
-    blocks of every C[i] are shared out between the threads, so one large product and many small
-    ones (attention's, one per head) both keep every thread busy."""
+    batch of one. A job is one MC-row block of one C[i], so one large product and many small ones
+    (attention's, one per head) both give every thread work; `_share` hands each thread a range of
+    them. Block of B by block of B, the thread packs the block of each B[i] its jobs need, once."""
     batch, M, K = A.shape
     N = B.shape[2]
     nr = 2 * VECTOR_BYTES // C.itemsize
@@ -562,12 +622,14 @@ def _gemm(A, B, C, mc):
         n = min(NC, N - j0)
         for k0 in range(0, K, KC):
             kc = min(KC, K - k0)
-            bp = np.empty((batch, (n + nr - 1) // nr, kc * nr), dtype=C.dtype)
-            for i in prange(batch):
-                _pack_b(B[i], k0, kc, j0, n, bp[i])
-            for job in prange(batch * blocks):
+            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
+            packed = -1
+            for job in range(job0, job1):
                 i, i0 = job // blocks, (job % blocks) * mc
-                _block(A[i], bp[i], C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
+                if i != packed:
+                    _pack_b(B[i], k0, kc, j0, n, bp)
+                    packed = i
+                _block(A[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
 
 
 def _block_rows(m, threads):
@@ -588,7 +650,6 @@ def _any_strides(kernel, *args):
     array over bytes). The packing reads through the strides anyway and never writes its inputs,
     so one version per dtype does every case, and a first run compiles 2 versions instead of
     up to 36."""
-    kernel = _for_dtype(kernel, args)
     types_ = [numba.typeof(a) for a in args]
     last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
     sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
@@ -619,7 +680,8 @@ def _product(a, b):
     # Enough matrices to share out whole: blocks as large as the cache allows; else smaller blocks,
     # so that every thread gets rows.
     mc = _block_rows(m, 1 if len(a3) >= 2 * n_threads else n_threads)
-    _run(_any_strides(_gemm, a3, b3, out3, mc), work, a3, b3, out3, mc)
+    jobs = len(a3) * -(-m // mc)
+    _share(_any_strides(_gemm, a3, b3, out3, mc, 0, jobs), work, jobs, a3, b3, out3, mc)
     return out
 
 
@@ -658,13 +720,13 @@ def matmul_at(at, b):
 
 
 # ----- the selective scan -------------------------------------------------------------------------------
-@njit(cache=True, parallel=True, fastmath=True)
-def _scan(u, delta, A, B, C, D, y, states, decays, keep, keep_decays):
-    """One sequence per parallel iteration; the (d, n) state in a local array, updated in time order.
-    The states (and the decays exp(delta A), when asked) are kept for the backward."""
-    batch, length, channels = u.shape
+@range_kernel(fastmath=True)
+def _scan(u, delta, A, B, C, D, y, states, decays, keep, keep_decays, job0, job1):
+    """Sequences job0 .. job1 - 1 (a job is a sequence); the (d, n) state in a local array, updated
+    in time order. The states (and the decays exp(delta A), when asked) are kept for the backward."""
+    length, channels = u.shape[1], u.shape[2]
     n = A.shape[1]
-    for bi in prange(batch):
+    for bi in range(job0, job1):
         h = np.zeros((channels, n), dtype=u.dtype)
         for t in range(length):
             for d in range(channels):
@@ -683,13 +745,14 @@ def _scan(u, delta, A, B, C, D, y, states, decays, keep, keep_decays):
                         states[bi, t, d, s] = h[d, s]
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def _scan_backward(g, u, delta, A, B, C, D, states, decays, saved, du, ddelta, dA, dB, dC, dD):
-    """The reverse-time scan; dA and dD get a row per sequence (summed by the caller). With `saved`,
-    the decays come from the forward instead of a second exp (twice as fast, for one more array)."""
-    batch, length, channels = u.shape
+@range_kernel(fastmath=True)
+def _scan_backward(g, u, delta, A, B, C, D, states, decays, saved, du, ddelta, dA, dB, dC, dD, job0, job1):
+    """The reverse-time scan of sequences job0 .. job1 - 1; dA and dD get a row per sequence (summed
+    by the caller). With `saved`, the decays come from the forward instead of a second exp (twice as
+    fast, for one more array)."""
+    length, channels = u.shape[1], u.shape[2]
     n = A.shape[1]
-    for bi in prange(batch):
+    for bi in range(job0, job1):
         dh = np.zeros((channels, n), dtype=u.dtype)  # what reaches h_t from the future
         for t in range(length - 1, -1, -1):
             prev, first = max(t - 1, 0), u.dtype.type(t > 0)  # h_{-1} = 0
@@ -741,7 +804,7 @@ def selective_scan(u, delta, A, B, C, D=None, return_states=False, return_decays
     states = np.empty((b, l, d, n) if return_states else (1, 1, 1, 1), dtype=u.dtype)
     keep_decays = return_states and return_decays
     decays = np.empty((b, l, d, n) if keep_decays else (1, 1, 1, 1), dtype=u.dtype)
-    _run(_scan, u.size * n, u, delta, A, B, C, D, y, states, decays, return_states, keep_decays)
+    _share(_scan, u.size * n, b, u, delta, A, B, C, D, y, states, decays, return_states, keep_decays)
     count("cpu.selective_scan")
     if not return_states:
         return y
@@ -757,7 +820,7 @@ def selective_scan_backward(g, u, delta, A, B, C, D, states, decays=None):
     dA, dD = np.zeros((b,) + A.shape, u.dtype), np.zeros((b, d), u.dtype)
     saved = decays is not None
     decays = decays if saved else np.empty((1, 1, 1, 1), u.dtype)
-    _run(_scan_backward, u.size * A.shape[1], g, u, delta, A, B, C, D, states, decays, saved,
-         du, ddelta, dA, dB, dC, dD)
+    _share(_scan_backward, u.size * A.shape[1], b, g, u, delta, A, B, C, D, states, decays, saved,
+           du, ddelta, dA, dB, dC, dD)
     count("cpu.selective_scan_backward")
     return du, ddelta, reduce_rows(dA), dB, dC, reduce_rows(dD)

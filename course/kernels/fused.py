@@ -30,7 +30,7 @@ import math
 import weakref
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..tensor import Tensor, operation
 from ..tensor import functional as F
@@ -64,9 +64,10 @@ def _same_float(*arrays):
 
 
 # ----- attention by tiles (FlashAttention) ----------------------------------------------------------------
-@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
-def _attention_forward(q, k, v, scale, causal, out, lse):
-    """out = softmax(q k^T * scale) v, one (batch*head, query tile) per parallel iteration.
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _attention_forward(q, k, v, scale, causal, out, lse, job0, job1):
+    """out = softmax(q k^T * scale) v, for the jobs job0 .. job1 - 1: a job is one (batch*head,
+    query tile), and `cpu._share` hands each thread a range of them.
 
     The keys are visited a tile at a time. Each query row keeps its running maximum m, its
     running sum l of exp(score - m), and its running output acc = sum exp(score - m) v. When a
@@ -80,7 +81,7 @@ def _attention_forward(q, k, v, scale, causal, out, lse):
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q  # query i sits at position offset + i
     tiles = (t_q + BLOCK_Q - 1) // BLOCK_Q
-    for job in prange(n_bh * tiles):
+    for job in range(job0, job1):
         bh, q0 = job // tiles, (job % tiles) * BLOCK_Q
         nq = min(BLOCK_Q, t_q - q0)
         kt = np.empty((d_k, BLOCK_K), dtype=q.dtype)  # the key tile, transposed: rows of scores vectorise
@@ -127,14 +128,14 @@ def _attention_forward(q, k, v, scale, causal, out, lse):
             lse[bh, q0 + i] = m[i] + math.log(l[i])
 
 
-@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
-def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv):
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv, job0, job1):
     """The gradients, recomputing each tile of probabilities from the saved lse: p = exp(s - lse).
 
     With D_i = sum_d dout[i, d] out[i, d] (the softmax backward's <dP, P> of row i):
         dv_j += p_ij dout_i,   dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - D_i) * scale,
         dq_i += ds_ij k_j,     dk_j += ds_ij q_i.
-    One (batch*head) per parallel iteration, so dk and dv have a single writer. For each tile of
+    One (batch*head) per job (job0 .. job1 - 1), so dk and dv have a single writer. For each tile of
     keys, the query tiles that see it pass by; dk and dv of the tile are summed in small
     transposed arrays (each loop then runs along the tile's keys, which the compiler vectorises)
     and written once at the end.
@@ -142,7 +143,7 @@ def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv):
     n_bh, t_q, d_k = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q
-    for bh in prange(n_bh):
+    for bh in range(job0, job1):
         kt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
         vt = np.empty((d_v, BLOCK_K), dtype=q.dtype)
         dkt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
@@ -223,8 +224,9 @@ def attention_forward(q, k, v, causal=True, scale=None):
     scale = q.dtype.type(1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     out = np.empty(q3.shape[:2] + v3.shape[2:], dtype=q.dtype)
     lse = np.empty(q3.shape[:2], dtype=np.float64)
-    cpu._run(_attention_forward, q3.shape[0] * q3.shape[1] * k3.shape[1] * (q3.shape[2] + v3.shape[2]),
-             q3, k3, v3, scale, bool(causal), out, lse)
+    tiles = -(-q3.shape[1] // BLOCK_Q)
+    cpu._share(_attention_forward, q3.shape[0] * q3.shape[1] * k3.shape[1] * (q3.shape[2] + v3.shape[2]),
+               q3.shape[0] * tiles, q3, k3, v3, scale, bool(causal), out, lse)
     count("cpu.attention_forward")
     return out.reshape(lead + out.shape[1:]), lse.reshape(lead + lse.shape[1:])
 
@@ -234,8 +236,9 @@ def attention_backward(q, k, v, out, lse, dout, causal=True, scale=None):
     q3, k3, v3, o3, g3 = _as3d(q), _as3d(k), _as3d(v), _as3d(out), _as3d(dout.astype(q.dtype, copy=False))
     scale = q.dtype.type(1 / np.sqrt(q.shape[-1]) if scale is None else scale)
     dq, dk, dv = np.empty_like(q3), np.empty_like(k3), np.empty_like(v3)
-    cpu._run(_attention_backward, 2 * q3.shape[0] * q3.shape[1] * k3.shape[1] * (q3.shape[2] + v3.shape[2]),
-             q3, k3, v3, o3, g3, np.ascontiguousarray(lse.reshape(q3.shape[:2])), scale, bool(causal), dq, dk, dv)
+    cpu._share(_attention_backward, 2 * q3.shape[0] * q3.shape[1] * k3.shape[1] * (q3.shape[2] + v3.shape[2]),
+               q3.shape[0], q3, k3, v3, o3, g3, np.ascontiguousarray(lse.reshape(q3.shape[:2])), scale,
+               bool(causal), dq, dk, dv)
     count("cpu.attention_backward")
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
@@ -249,10 +252,11 @@ def attention_backward(q, k, v, out, lse, dout, causal=True, scale=None):
 DIRECT_T = 64
 
 
-@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
-def _masked_softmax(s, scale, causal, offset):
-    """s (heads, t_q, t_k) becomes softmax(s * scale) row by row, 0 past each row's position under the mask."""
-    for bh in prange(s.shape[0]):
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _masked_softmax(s, scale, causal, offset, job0, job1):
+    """s (heads, t_q, t_k) becomes softmax(s * scale) row by row, 0 past each row's position under the
+    mask: heads job0 .. job1 - 1."""
+    for bh in range(job0, job1):
         for i in range(s.shape[1]):
             n = min(s.shape[2], offset + i + 1) if causal else s.shape[2]
             m = -1e300
@@ -270,10 +274,10 @@ def _masked_softmax(s, scale, causal, offset):
                 s[bh, i, j] = 0
 
 
-@njit(cache=True, parallel=True, fastmath=True, error_model="numpy")
-def _softmax_backward_in_place(p, dp, scale):
-    """dp becomes dS = P (dP - <P, dP>) scale, row by row."""
-    for bh in prange(p.shape[0]):
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _softmax_backward_in_place(p, dp, scale, job0, job1):
+    """dp becomes dS = P (dP - <P, dP>) scale, row by row: heads job0 .. job1 - 1."""
+    for bh in range(job0, job1):
         for i in range(p.shape[1]):
             dot = 0.0
             for j in range(p.shape[2]):
@@ -292,7 +296,7 @@ def _attention_direct(q, k, v, causal):
     t_q, t_k = q3.shape[1], k3.shape[1]
     scale = 1 / np.sqrt(q.shape[-1])
     p = cpu._product(q3, _t(k3))  # the products count as part of this one attention call
-    cpu._run(_masked_softmax, p.size * 8, p, scale, bool(causal), t_k - t_q)
+    cpu._share(_masked_softmax, p.size * 8, p.shape[0], p, scale, bool(causal), t_k - t_q)
     out = cpu._product(p, v3)
     count("cpu.attention_forward")
 
@@ -300,7 +304,7 @@ def _attention_direct(q, k, v, causal):
         g3 = _as3d(g.astype(p.dtype, copy=False))
         dv = cpu._product(_t(p), g3) if v.requires_grad else None
         ds = cpu._product(g3, _t(v3))
-        cpu._run(_softmax_backward_in_place, p.size * 4, p, ds, ds.dtype.type(scale))
+        cpu._share(_softmax_backward_in_place, p.size * 4, p.shape[0], p, ds, ds.dtype.type(scale))
         dq = cpu._product(ds, k3).reshape(q.shape) if q.requires_grad else None
         dk = cpu._product(_t(ds), q3).reshape(k.shape) if k.requires_grad else None
         count("cpu.attention_backward")
@@ -540,13 +544,13 @@ def _adam_chunk(p, g, m, v, step, decay, l2, c2, beta1, beta2, eps, grad_scale):
         p[j] = pj - step * mj / (np.sqrt(vj) * c2 + eps)
 
 
-@njit(cache=True, parallel=True)
-def _adam_kernel(p, g, m, v, starts, ends, seg, lr, decay, l2, c1, c2, beta1, beta2, eps, grad_scale):
+@cpu.range_kernel()
+def _adam_kernel(p, g, m, v, starts, ends, seg, lr, decay, l2, c1, c2, beta1, beta2, eps, grad_scale, job0, job1):
     """Adam(W) on one flat array of every parameter. Chunk i covers p[starts[i]:ends[i]], part of
     parameter seg[i], whose settings are lr, decay (1 - lr wd for AdamW, else 1), l2 (Adam's wd),
     c1 = 1 / (1 - beta1^t) and c2 = 1 / sqrt(1 - beta2^t). Each chunk's loop is a function of its
-    own: inside a parallel loop's body the compiler does not vectorise it."""
-    for i in prange(len(starts)):
+    own, which the compiler vectorises. Chunks job0 .. job1 - 1."""
+    for i in range(job0, job1):
         s, a, b = seg[i], starts[i], ends[i]
         _adam_chunk(p[a:b], g[a:b], m[a:b], v[a:b], lr[s] * c1[s], decay[s], l2[s], c2[s],
                     beta1, beta2, eps, grad_scale)
@@ -571,10 +575,11 @@ def _sgd_chunk(p, g, buf, rate, decay, mom, fresh, grad_scale):
             p[j] -= rate * gj
 
 
-@njit(cache=True, parallel=True)
-def _sgd_kernel(p, g, buf, starts, ends, seg, lr, wd, momentum, first, grad_scale):
-    """SGD with momentum on the flat array: buf = momentum buf + (g + wd p) (buf = g the first time)."""
-    for i in prange(len(starts)):
+@cpu.range_kernel()
+def _sgd_kernel(p, g, buf, starts, ends, seg, lr, wd, momentum, first, grad_scale, job0, job1):
+    """SGD with momentum on the flat array: buf = momentum buf + (g + wd p) (buf = g the first time);
+    chunks job0 .. job1 - 1."""
+    for i in range(job0, job1):
         s, a, b = seg[i], starts[i], ends[i]
         _sgd_chunk(p[a:b], g[a:b], buf[a:b], lr[s], wd[s], momentum[s], first[s], grad_scale)
 
@@ -721,9 +726,9 @@ def optimizer_step(optimizer):
         first = np.array([("velocity" not in st) for st in states], dtype=np.bool_)
         buf = pack.state_array("velocity", [st if m and (h or "velocity" in st) else {}
                                             for st, m, h in zip(states, momentum, has)], "velocity")
-        cpu._run(_sgd_kernel, pack.flat.size, pack.flat, pack.grad, buf, starts, ends, seg,
-                 np.array(s["lr"], dtype=np.float64), np.array(s["weight_decay"], dtype=np.float64),
-                 momentum, first, 1.0)
+        cpu._share(_sgd_kernel, pack.flat.size, len(starts), pack.flat, pack.grad, buf, starts, ends, seg,
+                   np.array(s["lr"], dtype=np.float64), np.array(s["weight_decay"], dtype=np.float64),
+                   momentum, first, 1.0)
         count("cpu.sgd_step")
         return None
     s = _group_settings(optimizer, ("lr", "betas", "eps", "weight_decay"))
@@ -746,8 +751,8 @@ def optimizer_step(optimizer):
     l2 = np.where(has & (not decoupled), wd, 0.0)
     c1 = 1 / (1 - beta1 ** t)
     c2 = 1 / np.sqrt(1 - beta2 ** t)
-    cpu._run(_adam_kernel, pack.flat.size, pack.flat, pack.grad, m, v, starts, ends, seg,
-             lr, decay, l2, c1, c2, float(beta1), float(beta2), float(eps), 1.0)
+    cpu._share(_adam_kernel, pack.flat.size, len(starts), pack.flat, pack.grad, m, v, starts, ends, seg,
+               lr, decay, l2, c1, c2, float(beta1), float(beta2), float(eps), 1.0)
     count("cpu.adam_step")
     return None
 
