@@ -31,8 +31,9 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@# A new .venv starts without pip (venv's own copy takes 8 s to install), and this Python's pip
 	@# puts uv and pip into it (pip 22.3 or later: --python); without such a pip, venv installs its own.
+	@# --no-compile: pip's own modules get their bytecode when pip first runs, not now (1.5 s).
 	@test -x $(BIN)/python -a -x $(BIN)/pip || ($(PYTHON) -m venv --clear --without-pip $(VENV) \
-	  && $(PYTHON) -m pip --python $(BIN)/python install -q uv pip 2>/dev/null) || $(PYTHON) -m venv --clear $(VENV)
+	  && $(PYTHON) -m pip --python $(BIN)/python install -q --no-compile uv pip 2>/dev/null) || $(PYTHON) -m venv --clear $(VENV)
 	@# uv installs what pip would (the same versions; pip itself upgraded, for later installs by
 	@# hand), downloading in parallel, and leaves the bytecode to be compiled as modules are first
 	@# imported: a fresh .venv in about a third of the time pip takes. Where uv cannot be

@@ -252,3 +252,22 @@ def test_a_forked_child_shares_its_kernels_on_threads_of_its_own(rng, monkeypatc
     with multiprocessing.get_context("fork").Pool(1) as pool:
         got = pool.apply_async(cpu.matmul, (a, b)).get(timeout=60)
     np.testing.assert_array_equal(got, expected)
+
+
+@cpu.range_kernel()
+def _fails_after_the_first_job(x, job0, job1):
+    for i in range(job0, job1):
+        if i > 0:
+            raise ValueError("a job after the first")
+        x[i] = 1
+
+
+def test_an_error_in_a_helper_thread_is_raised_in_the_caller_and_the_threads_go_on(rng, monkeypatch):
+    monkeypatch.setattr(cpu, "threads", lambda: 3)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", 0)
+    x = np.zeros(3)
+    with pytest.raises(ValueError, match="a job after the first"):
+        cpu._share(_fails_after_the_first_job, 1, 3, x)  # jobs 1 and 2 run in the two helpers
+    assert x[0] == 1  # the caller's own job ran
+    a, b = arr(rng, 40, 30, dtype=np.float32), arr(rng, 30, 20, dtype=np.float32)
+    np.testing.assert_allclose(cpu.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)  # the helpers still work
