@@ -640,6 +640,7 @@ def _block_rows(m, threads):
 
 
 _STRIDED = {}  # (kernel, argument types) -> its machine code
+_QUICK = {}  # (kernel, dtype, dimensions and flags of each array, type of each number) -> the same
 
 
 def _any_strides(kernel, *args):
@@ -650,6 +651,13 @@ def _any_strides(kernel, *args):
     array over bytes). The packing reads through the strides anyway and never writes its inputs,
     so one version per dtype does every case, and a first run compiles 2 versions instead of
     up to 36."""
+    # numba.typeof takes about 50 microseconds an array, three times a product, a hundred products a
+    # GPT step: the entry is first looked up by what the types are made of.
+    quick = (kernel,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
+                               a.flags.aligned) if isinstance(a, np.ndarray) else type(a) for a in args)
+    entry = _QUICK.get(quick)
+    if entry is not None:
+        return entry
     types_ = [numba.typeof(a) for a in args]
     last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
     sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
@@ -658,6 +666,7 @@ def _any_strides(kernel, *args):
     if entry is None:
         kernel.compile(sig)
         entry = _STRIDED[(kernel, sig)] = kernel.overloads[sig].entry_point
+    _QUICK[quick] = entry
     return entry
 
 
