@@ -1,5 +1,8 @@
 """The CPU twins (`course.kernels.cpu`, numba.njit) against NumPy, in float32 and float64."""
 
+import os
+import time
+
 import numba
 import numpy as np
 import pytest
@@ -271,3 +274,41 @@ def test_an_error_in_a_helper_thread_is_raised_in_the_caller_and_the_threads_go_
     assert x[0] == 1  # the caller's own job ran
     a, b = arr(rng, 40, 30, dtype=np.float32), arr(rng, 30, 20, dtype=np.float32)
     np.testing.assert_allclose(cpu.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)  # the helpers still work
+
+
+def test_ctrl_c_while_the_helpers_work_waits_for_them_then_stops(monkeypatch):
+    """The notebook's stop button raises KeyboardInterrupt in the calling thread; the helpers are
+    still writing, so `_share` waits for them before it stops, and the next call starts in step.
+    (The "kernel" here is a Python function, so that the helper's job ends when the test says.)"""
+    import signal
+    import threading
+
+    if os.name != "posix" or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("needs Ctrl-C to raise KeyboardInterrupt in this process (POSIX, Python's own handler)")
+    monkeypatch.setattr(cpu, "threads", lambda: 2)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", 0)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_after_the_first_job(x, job0, job1):
+        if job0 > 0:
+            started.set()
+            release.wait(30)
+        x[job0:job1] = 1
+
+    def interrupt_then_release():
+        started.wait(30)
+        time.sleep(0.1)  # the caller is waiting for the helper by now
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        release.set()
+
+    x = np.zeros(2)
+    stopper = threading.Thread(target=interrupt_then_release)
+    stopper.start()
+    with pytest.raises(KeyboardInterrupt):
+        cpu._share(slow_after_the_first_job, 1, 2, x)
+    stopper.join()
+    assert x[1] == 1, "the call stopped before its helper had finished"
+    y = np.zeros(2)
+    cpu._share(slow_after_the_first_job, 1, 2, y)
+    assert list(y) == [1, 1], "the next call returned before its helper had finished"

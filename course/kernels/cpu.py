@@ -109,10 +109,17 @@ class _Helper:
         self.go.release()
 
     def wait(self):
-        """Wait until the helper has finished; its error, if it raised one, else None."""
-        self.done.acquire()
+        """Wait until the helper has finished; (its error or None, a KeyboardInterrupt or None). A
+        Ctrl-C (the notebook's stop button) while waiting does not end the wait: the helper is still
+        writing into the arrays, and a wait cut short would leave it out of step with the next call."""
+        done, interrupted = False, None
+        while not done:
+            try:
+                done = self.done.acquire()
+            except KeyboardInterrupt as stop:
+                interrupted = stop
         error, self.error = self.error, None
-        return error
+        return error, interrupted
 
 
 _helpers = []
@@ -145,8 +152,11 @@ def _share(kernel, work, jobs, *args):
         try:
             kernel(*args, bounds[0], bounds[1])
         finally:
-            errors = [helper.wait() for helper in _helpers[:n - 1]]  # every helper, whatever happened
-        for error in errors:
+            waited = [helper.wait() for helper in _helpers[:n - 1]]  # every helper, whatever happened
+        for error, interrupted in waited:
+            if interrupted is not None:
+                raise interrupted
+        for error, _ in waited:
             if error is not None:
                 raise error
     finally:
