@@ -67,8 +67,9 @@ class _ArraysApart(compiler.Compiler):
     so the compiler reloads every value after each store and cannot keep sums in registers: the
     scan's backward ran 2.3 times slower (11.8 ms against 5.2 ms at the bench's sizes). numba tells
     the compiler the same of the arrays in a `prange` loop's body, when it finds none that overlap.
-    The host functions below call these kernels only with arrays they have just allocated as
-    outputs, so it holds (inputs may be the same array: they are only read)."""
+    The host functions here and in `fused` give these kernels outputs that overlap none of their
+    other arrays (fresh results, or the optimizer's own state), so it holds; inputs may be the same
+    array, as they are only read."""
 
     def __init__(self, typingctx, targetctx, library, args, return_type, flags, locals):
         flags.noalias = True
@@ -649,8 +650,7 @@ def _block_rows(m, threads):
     return MR * max(1, -(-(-(-m // MR)) // blocks))
 
 
-_STRIDED = {}  # (kernel, argument types) -> its machine code
-_QUICK = {}  # (kernel, dtype, dimensions and flags of each array, type of each number) -> the same
+_ENTRIES = {}  # (kernel, dtype, dimensions and flags of each array, type of each number) -> machine code
 
 
 def _any_strides(kernel, *args):
@@ -665,18 +665,14 @@ def _any_strides(kernel, *args):
     # GPT step: the entry is first looked up by what the types are made of.
     quick = (kernel,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
                                a.flags.aligned) if isinstance(a, np.ndarray) else type(a) for a in args)
-    entry = _QUICK.get(quick)
-    if entry is not None:
-        return entry
-    types_ = [numba.typeof(a) for a in args]
-    last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
-    sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
-                for i, t in enumerate(types_))
-    entry = _STRIDED.get((kernel, sig))
+    entry = _ENTRIES.get(quick)
     if entry is None:
-        kernel.compile(sig)
-        entry = _STRIDED[(kernel, sig)] = kernel.overloads[sig].entry_point
-    _QUICK[quick] = entry
+        types_ = [numba.typeof(a) for a in args]
+        last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
+        sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
+                    for i, t in enumerate(types_))
+        kernel.compile(sig)  # numba compiles a signature once: asked again, it returns what it has
+        entry = _ENTRIES[quick] = kernel.overloads[sig].entry_point
     return entry
 
 
