@@ -54,6 +54,28 @@ def test_matmul_takes_strided_views(rng):
         np.testing.assert_allclose(cpu.matmul_at(np.asfortranarray(a).T, b), expected, **TOL[np.float32])
 
 
+@pytest.mark.parametrize("packs", [(True, True), (True, False), (False, True), (False, False), None])
+def test_matmul_packed_or_read_in_place_gives_the_product(rng, packs):
+    """A and B are each packed into panels or read where they are (`cpu._packs` chooses by size):
+    every combination, on ragged edges, strided and reversed views, batches and a second block of k."""
+    big_a, big_b = arr(rng, 30, 300, dtype=np.float32), arr(rng, 300, 45, dtype=np.float32)
+    cases = [(big_a, big_b), (big_a[::-1, ::-1], big_b[::-1]), (big_a[:, 3:36], big_b[3:36, :33]), (big_a[::2], big_b),
+             (np.asfortranarray(big_a), big_b[:, :32]), (arr(rng, 3, 13, 40, dtype=np.float64), arr(rng, 3, 40, 9, dtype=np.float64)),
+             (arr(rng, 2, 7, 5, dtype=np.float64), np.swapaxes(arr(rng, 2, 11, 5, dtype=np.float64), 1, 2))]
+    for a, b in cases:
+        expected = a.astype(np.float64) @ b
+        np.testing.assert_allclose(cpu._product(a, b, packs), expected, **TOL[a.dtype.type])
+
+
+def test_large_products_pack_and_small_ones_read_in_place(rng):
+    b = arr(rng, 128, 64, dtype=np.float32)
+    assert cpu._packs(64, 64, b[None]) == (False, False)  # attention's: few rows of C use each panel
+    assert cpu._packs(2048, 64, b[None]) == (False, True)  # many rows: B's panels are worth packing
+    assert cpu._packs(64, 64, np.swapaxes(arr(rng, 1, 64, 128, dtype=np.float32), 1, 2))[1]  # columns of B apart
+    wide = arr(rng, 1, 128, 1024, dtype=np.float32)
+    assert cpu._packs(64, 1024, wide) == (True, True)  # long rows of C reuse A's panels; B's rows 4 KB apart
+
+
 @pytest.mark.parametrize("m,threads", [(1, 1), (6, 2), (100, 2), (2048, 2), (2048, 1), (10 ** 5, 2)])
 def test_blocks_of_rows_are_whole_register_blocks_shared_evenly(m, threads):
     mc = cpu._block_rows(m, threads)

@@ -100,13 +100,39 @@ def _sum(pair):
     return total * normed  # both outputs reach the loss
 
 
-def test_exp_and_tanh_helpers_are_accurate():
-    from course.kernels.fused import _exp, _tanh
-    for x in np.concatenate([np.linspace(-700, 700, 2001), np.linspace(-3, 3, 601)]):
-        assert abs(_exp(x) - np.exp(x)) <= 1e-13 * np.exp(x)
-    for u in np.linspace(-20, 20, 801):
-        assert abs(_tanh(u) - np.tanh(u)) <= 1e-13
-    assert _exp(-800.0) < 1e-300
+def test_the_vectorised_exp_is_accurate_in_each_precision():
+    from numba import njit
+
+    from course.kernels import cpu
+
+    @njit
+    def exp_all(x, y):
+        for i in range(x.size):
+            y[i] = cpu._exp(x[i])  # the compiled exp, in the precision of its argument
+
+    x64 = np.concatenate([np.linspace(-700, 700, 20001), np.linspace(-3, 3, 601)])
+    y64 = np.empty_like(x64)
+    exp_all(x64, y64)
+    np.testing.assert_allclose(y64, np.exp(x64), rtol=1e-13)
+    x32 = np.linspace(-87, 88, 200001).astype(np.float32)
+    y32 = np.empty_like(x32)
+    exp_all(x32, y32)
+    np.testing.assert_allclose(y32, np.exp(x32.astype(np.float64)), rtol=3.2e-7)
+    assert cpu._exp64(-800.0) < 1e-300 and cpu._exp32(np.float32(-100)) < 2e-38
+    assert np.isfinite(cpu._exp32(np.float32(100)))
+
+
+def test_bias_gelu_far_out_in_float32(rng):
+    """Far below zero GELU is 0 and its slope 0, far above it is x and its slope 1: no cancellation
+    turns a 0 into float32's rounding of 1 (1e-7 times x)."""
+    h = np.array([[-40, -13.2, -6, -1, 0, 1, 6, 13.2, 40]], np.float32)
+    x = Tensor(h, requires_grad=True)
+    y = fused.bias_gelu(x, Tensor(np.zeros(9, np.float32)))
+    y.sum().backward()
+    x64 = h.astype(np.float64)
+    expected = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    np.testing.assert_allclose(y.data, expected, rtol=1e-6, atol=1e-30)
+    assert abs(x.grad[0, 0]) < 1e-30 and abs(x.grad[0, 1]) < 1e-30 and x.grad[0, -1] == 1
 
 
 # ----- bad input: the engine's errors, not a kernel's ---------------------------------------------------------

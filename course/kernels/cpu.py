@@ -36,7 +36,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils, compiler
 from numba.core.imputils import impl_ret_borrowed
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .launch import count
 
@@ -165,6 +165,9 @@ def _share(kernel, work, jobs, *args):
 
 
 # ----- exp that vectorises (the scan's, and the fused kernels' of lesson 6.5) -------------------------
+# A compiled loop that calls math.exp calls the C library once per number; these are written with
+# multiply-adds and integer operations only, so the compiler turns the loop into vector
+# instructions: 4 float64 or 8 float32 numbers at a time on AVX2.
 @intrinsic
 def _bits_as_float64(typingctx, bits):
     """The float64 whose 64 bits are those of the int64 `bits` (a reinterpretation, not a conversion)."""
@@ -176,18 +179,46 @@ def _bits_as_float64(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _float_bits(typingctx, x):
+    """The bits of the float `x` as an integer of its width (int64 for float64, int32 for float32)."""
+    integer = types.int64 if x == types.float64 else types.int32
+    sig = integer(x)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_as_float32(typingctx, bits):
+    """The float32 whose 32 bits are those of the int32 `bits`."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return sig, codegen
+
+
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split in two, so n * _LN2_HI is exact for |n| < 2048
 _LN2_LO = 1.4286068203094173e-06
+# Adding 1.5 * 2^52 to a float64 below 2^51 rounds it to an integer, kept in the low bits of the
+# sum's mantissa: n without a float-to-integer conversion (AVX2 has none for 64-bit integers).
+_ROUND64 = 6755399441055744.0
+_ROUND32 = 12582912.0  # the same for float32: 1.5 * 2^23
 
 
 @njit(cache=True, fastmath=True, error_model="numpy", inline="always")
-def _exp(x):
+def _exp64(x):
     """exp(x) in float64: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor series to r^11
     (error below 1e-14), 2^n by writing n into the exponent bits."""
     x = np.float64(x)
     x = min(max(x, -708.0), 709.0)
-    n = math.floor(x * _LOG2E + 0.5)
+    bits = _float_bits(x * _LOG2E + _ROUND64)  # n + 1.5 * 2^52, as bits: n sits in the low 32
+    n = np.float64(np.int32(bits))
     r = (x - n * _LN2_HI) - n * _LN2_LO
     p = 1.0 / 39916800.0
     p = p * r + 1.0 / 3628800.0
@@ -201,7 +232,45 @@ def _exp(x):
     p = p * r + 0.5
     p = p * r + 1.0
     p = p * r + 1.0
-    return p * _bits_as_float64((np.int64(n) + 1023) << 52)
+    return p * _bits_as_float64((bits + 1023) << 52)  # 2^n: n + 1023 in the exponent's bits
+
+
+_F32 = np.float32
+_LN2_HI32 = _F32(0.693115234375)  # 2839 / 4096: n * _LN2_HI32 is exact in float32 for |n| <= 128
+_LN2_LO32 = _F32(math.log(2) - 0.693115234375)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy", inline="always")
+def _exp32(x):
+    """exp(x) in float32, as `_exp64`, with twice as many numbers per vector instruction: the
+    Taylor series to r^7, whose own error (below 1e-8) is under float32's rounding; the result is
+    within 3.1e-7 of exp (relative), two or three roundings of float32."""
+    x = min(max(x, _F32(-87.0)), _F32(88.0))
+    bits = _float_bits(x * _F32(_LOG2E) + _F32(_ROUND32))  # n + 1.5 * 2^23, as bits
+    n_bits = np.int32(bits - _float_bits(_F32(_ROUND32)))  # n (numba computes integers in 64 bits)
+    n = _F32(n_bits)
+    r = (x - n * _LN2_HI32) - n * _LN2_LO32
+    p = _F32(1.0 / 5040.0)
+    p = p * r + _F32(1.0 / 720.0)
+    p = p * r + _F32(1.0 / 120.0)
+    p = p * r + _F32(1.0 / 24.0)
+    p = p * r + _F32(1.0 / 6.0)
+    p = p * r + _F32(0.5)
+    p = p * r + _F32(1.0)
+    p = p * r + _F32(1.0)
+    return p * _bits_as_float32(np.int32((n_bits + 127) << 23))
+
+
+def _exp(x):
+    """exp(x) in the precision of x: `_exp32` for a float32, `_exp64` for anything else."""
+    return math.exp(x)
+
+
+@overload(_exp, inline="always", jit_options={"fastmath": True, "error_model": "numpy"})
+def _exp_typed(x):
+    if x == types.float32:
+        return lambda x: _exp32(x)
+    return lambda x: _exp64(x)
 
 
 # ----- elementwise and sums ---------------------------------------------------------------------------
@@ -454,59 +523,84 @@ MR = 6  # rows of the register block
 KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
 MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
 NC = 4096  # columns of B per packed block
+PACK_BYTES = 1024  # A is packed for rows of C longer than this; B, for its rows this far apart or more
+PACK_ROWS = 128  # B is packed for more rows of C than this
 
 # The vector width the micro-kernel writes: 256 bits (AVX2, and what AVX-512 also runs at full
 # speed). VECTOR_BYTES / itemsize numbers per vector, two vectors per row: NR = 16 in float32, 8 in float64.
 VECTOR_BYTES = 32
 
 
+def _byte_address(builder, array, i, j):
+    """The address of array[i, j] as a byte pointer, through the array's strides (any layout)."""
+    s0, s1 = cgutils.unpack_tuple(builder, array.strides, 2)
+    data = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+    return builder.gep(data, [builder.add(builder.mul(i, s0), builder.mul(j, s1))])
+
+
 @intrinsic
-def _microkernel(typingctx, kc, ap, bp, c, i0, j0, accumulate):
-    """c[i0:i0+MR, j0:j0+NR] = (c[...] if accumulate else 0) + sum over k < kc of the outer product
-    of ap[k*MR:(k+1)*MR] (a column of A's packed panel) and bp[k*NR:(k+1)*NR] (a row of B's)."""
-    sig = types.void(kc, ap, bp, c, i0, j0, accumulate)
+def _microkernel(typingctx, kc, a, ai, ak, rows, b, bk, bj, c, ci, cj, accumulate):
+    """c[ci:ci+MR, cj:cj+NR] = (c[...] if accumulate else 0) + a[ai:ai+MR, ak:ak+kc] @ b[bk:bk+kc, bj:bj+NR]:
+    the sum over k of the outer product of a column of A (MR numbers) and a row of B (NR numbers).
+    `a` may have any strides (a packed panel, or A itself); rows at or past `rows` read the last
+    row again (the caller keeps only the first `rows` of C). Each row of `b` must be contiguous."""
+    sig = types.void(kc, a, ai, ak, rows, b, bk, bj, c, ci, cj, accumulate)
 
     def codegen(context, builder, signature, args):
-        kc, ap, bp, c, i0, j0, accumulate = args
-        dtype = signature.args[3].dtype
+        kc, a, ai, ak, rows, b, bk, bj, c, ci, cj, accumulate = args
+        dtype = signature.args[8].dtype
         ftype = context.get_value_type(dtype)
-        lanes = VECTOR_BYTES // context.get_abi_sizeof(ftype)
-        vtype, vptr = ir.VectorType(ftype, lanes), ir.VectorType(ftype, lanes).as_pointer()
+        size = context.get_abi_sizeof(ftype)
+        lanes = VECTOR_BYTES // size
+        vtype = ir.VectorType(ftype, lanes)
         intp = context.get_value_type(types.intp)
         const = lambda i: ir.Constant(intp, i)  # noqa: E731
-        A = context.make_array(signature.args[1])(context, builder, ap)
-        B = context.make_array(signature.args[2])(context, builder, bp)
-        C = context.make_array(signature.args[3])(context, builder, c)
+        A, B, C = (context.make_array(signature.args[i])(context, builder, x) for i, x in ((1, a), (5, b), (8, c)))
         # fmuladd: one fused multiply-add where the CPU has the instruction, a multiply and an add where not
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vtype, [vtype] * 3), f"llvm.fmuladd.v{lanes}f{8 * context.get_abi_sizeof(ftype)}")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vtype, [vtype] * 3),
+                                             f"llvm.fmuladd.v{lanes}f{8 * size}")
+        # Where each of the MR rows of A starts, and the bytes from one k to the next: worked out once.
+        last = builder.sub(rows, const(1))
+        a_rows = [_byte_address(builder, A, builder.add(ai, builder.select(builder.icmp_signed("<", const(r), rows),
+                                                                          const(r), last)), ak) for r in range(MR)]
+        a_step = cgutils.unpack_tuple(builder, A.strides, 2)[1]
+        b_start, b_step = _byte_address(builder, B, bk, bj), cgutils.unpack_tuple(builder, B.strides, 2)[0]
         # The 2 MR sums: stack slots that LLVM's first pass (mem2reg) turns into registers.
         zero = ir.Constant(vtype, [ir.Constant(ftype, 0.0)] * lanes)
         sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(MR)]
         splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
         with cgutils.for_range(builder, kc) as loop:
-            b_row = builder.gep(B.data, [builder.mul(loop.index, const(2 * lanes))])
-            b = [builder.load(builder.bitcast(builder.gep(b_row, [const(h * lanes)]), vptr), align=1)
-                 for h in range(2)]
-            a_col = builder.gep(A.data, [builder.mul(loop.index, const(MR))])
+            b_row = builder.bitcast(builder.gep(b_start, [builder.mul(loop.index, b_step)]), vtype.as_pointer())
+            b_vectors = [builder.load(builder.gep(b_row, [const(h)]), align=1) for h in range(2)]
+            a_offset = builder.mul(loop.index, a_step)
             for i in range(MR):
-                a = builder.insert_element(ir.Constant(vtype, None), builder.load(builder.gep(a_col, [const(i)])),
-                                           ir.Constant(ir.IntType(32), 0))
-                a = builder.shuffle_vector(a, ir.Constant(vtype, None), splat)  # broadcast to every lane
+                x = builder.load(builder.bitcast(builder.gep(a_rows[i], [a_offset]), ftype.as_pointer()))
+                x = builder.insert_element(ir.Constant(vtype, None), x, ir.Constant(ir.IntType(32), 0))
+                x = builder.shuffle_vector(x, ir.Constant(vtype, None), splat)  # broadcast to every lane
                 for h in range(2):
-                    builder.store(builder.call(fma, [a, b[h], builder.load(sums[i][h])]), sums[i][h])
-        shape, strides = cgutils.unpack_tuple(builder, C.shape, 2), cgutils.unpack_tuple(builder, C.strides, 2)
+                    builder.store(builder.call(fma, [x, b_vectors[h], builder.load(sums[i][h])]), sums[i][h])
         add = builder.icmp_unsigned("!=", accumulate, ir.Constant(accumulate.type, 0))
         for i in range(MR):
+            row = builder.bitcast(_byte_address(builder, C, builder.add(ci, const(i)), cj), vtype.as_pointer())
             for h in range(2):
-                index = [builder.add(i0, const(i)), builder.add(j0, const(h * lanes))]
-                ptr = builder.bitcast(cgutils.get_item_pointer2(context, builder, C.data, shape, strides, "C", index),
-                                      vptr)
-                total = builder.load(sums[i][h])
+                ptr = builder.gep(row, [const(h)])
                 with builder.if_then(add):
-                    builder.store(builder.fadd(builder.load(ptr, align=1), total), sums[i][h])
+                    builder.store(builder.fadd(builder.load(ptr, align=1), builder.load(sums[i][h])), sums[i][h])
                 builder.store(builder.load(sums[i][h]), ptr, align=1)
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _any_layout(typingctx, array):
+    """`array` typed as read-only with any strides (numba's layout "A"): the same data, a wider
+    type. A packed panel and the matrix itself then have one type, so the micro-kernel's call
+    compiles once for both (numba compiles a call once per combination of its arguments' types)."""
+    sig = array.copy(layout="A", readonly=True)(array)
+
+    def codegen(context, builder, signature, args):
+        return impl_ret_borrowed(context, builder, signature.return_type, args[0])
 
     return sig, codegen
 
@@ -551,7 +645,7 @@ def _copy_spread(dst, d0, step, src, n):
 
 @njit(cache=True)
 def _pack_a(A, i0, m, k0, kc, ap):
-    """ap[p, k*MR + r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
+    """ap[p, k, r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
     The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
     columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster.
     A arrives typed as of any strides (one compiled version for every layout): `_copy_run` and
@@ -561,13 +655,13 @@ def _pack_a(A, i0, m, k0, kc, ap):
         for k in range(kc):
             src = At[k0 + k, i0:i0 + m]
             for p in range(ap.shape[0]):
-                dst, rows = ap[p], min(MR, m - p * MR)
-                _copy_run(dst, k * MR, src, p * MR, rows)
+                dst, rows = ap[p, k], min(MR, m - p * MR)
+                _copy_run(dst, 0, src, p * MR, rows)
                 for r in range(rows, MR):
-                    dst[k * MR + r] = 0
+                    dst[r] = 0
     else:
         for p in range(ap.shape[0]):
-            dst, rows = ap[p], min(MR, m - p * MR)
+            dst, rows = ap[p].ravel(), min(MR, m - p * MR)
             for r in range(rows):
                 _copy_spread(dst, r, MR, A[i0 + p * MR + r, k0:k0 + kc], kc)
             for r in range(rows, MR):
@@ -577,13 +671,13 @@ def _pack_a(A, i0, m, k0, kc, ap):
 
 @njit(cache=True)
 def _pack_b(B, k0, kc, j0, n, bp):
-    """bp[q, k*NR + s] = B[k0 + k, j0 + q*NR + s] (0 past the last column): panels of NR columns,
+    """bp[q, k, s] = B[k0 + k, j0 + q*NR + s] (0 past the last column): panels of NR columns,
     k running; read along B's rows, or for a transposed view along its columns."""
-    nr = bp.shape[1] // kc
+    nr = bp.shape[2]
     if B.strides[0] < B.strides[1]:  # B is a transposed view (a Linear's weight, for x W^T)
         Bt = B.T
         for q in range(bp.shape[0]):
-            dst, cols = bp[q], min(nr, n - q * nr)
+            dst, cols = bp[q].ravel(), min(nr, n - q * nr)
             for s in range(cols):
                 _copy_spread(dst, s, nr, Bt[j0 + q * nr + s, k0:k0 + kc], kc)
             for s in range(cols, nr):
@@ -593,38 +687,53 @@ def _pack_b(B, k0, kc, j0, n, bp):
         for k in range(kc):
             src = B[k0 + k, j0:j0 + n]
             for q in range(bp.shape[0]):
-                dst, cols = bp[q], min(nr, n - q * nr)
-                _copy_run(dst, k * nr, src, q * nr, cols)
+                dst, cols = bp[q, k], min(nr, n - q * nr)
+                _copy_run(dst, 0, src, q * nr, cols)
                 for s in range(cols, nr):
-                    dst[k * nr + s] = 0
+                    dst[s] = 0
 
 
 @njit(cache=True)
-def _block(A, bp, C, i0, m, k0, kc, j0, n, accumulate):
-    """C[i0:i0+m, j0:j0+n] (+)= A[i0:i0+m, k0:k0+kc] times the packed block bp of B."""
-    nr = bp.shape[1] // kc
-    ap = np.empty(((m + MR - 1) // MR, kc * MR), dtype=C.dtype)
-    _pack_a(A, i0, m, k0, kc, ap)
+def _block(A, B, bp, C, i0, m, k0, kc, j0, n, accumulate, pack_a, b_packed):
+    """C[i0:i0+m, j0:j0+n] (+)= A[i0:i0+m, k0:k0+kc] @ B[k0:k0+kc, j0:j0+n]. B's panels come packed
+    in bp (b_packed), or are read where they are, but for a last, narrower one, packed here; A's
+    are packed here (pack_a) or read where they are."""
+    nr = bp.shape[2]
+    ap = np.empty(((m + MR - 1) // MR if pack_a else 0, kc, MR), dtype=C.dtype)
+    if pack_a:
+        _pack_a(A, i0, m, k0, kc, ap)
     edge = np.empty((MR, nr), dtype=C.dtype)  # a whole register block, for the ragged edges of C
-    for q in range(bp.shape[0]):  # this panel of B stays in L1 while the panels of A pass by
+    for q in range((n + nr - 1) // nr):  # this panel of B stays in L1 while the panels of A pass by
         j, cols = j0 + q * nr, min(nr, n - q * nr)
-        for p in range(ap.shape[0]):
+        if b_packed:
+            panel, bk, bj = _any_layout(bp[q]), 0, 0
+        elif cols < nr:  # past the last column: a panel padded with zeros
+            _pack_b(B, k0, kc, j, cols, bp[:1])
+            panel, bk, bj = _any_layout(bp[0]), 0, 0
+        else:
+            panel, bk, bj = B, k0, j
+        for p in range((m + MR - 1) // MR):
             i, rows = i0 + p * MR, min(MR, m - p * MR)
-            if rows == MR and cols == nr:
-                _microkernel(kc, ap[p], bp[q], C, i, j, accumulate)
+            if pack_a:
+                a, ai, ak = _any_layout(ap[p].T), 0, 0
             else:
-                _microkernel(kc, ap[p], bp[q], edge, 0, 0, False)
+                a, ai, ak = A, i, k0
+            if rows == MR and cols == nr:
+                _microkernel(kc, a, ai, ak, MR, panel, bk, bj, C, i, j, accumulate)
+            else:
+                _microkernel(kc, a, ai, ak, rows, panel, bk, bj, edge, 0, 0, False)
                 for r in range(rows):
                     for s in range(cols):
                         C[i + r, j + s] = edge[r, s] + C[i + r, j + s] if accumulate else edge[r, s]
 
 
 @range_kernel()
-def _gemm(A, B, C, mc, job0, job1):
+def _gemm(A, B, C, mc, pack_a, pack_b, job0, job1):
     """C[i] = A[i] B[i] for batches A (b, m, k) and B (b, k, n) of any strides; one product is a
     batch of one. A job is one MC-row block of one C[i], so one large product and many small ones
     (attention's, one per head) both give every thread work; `_share` hands each thread a range of
-    them. Block of B by block of B, the thread packs the block of each B[i] its jobs need, once."""
+    them. With pack_b, block of B by block of B, the thread packs the block of each B[i] its jobs
+    need, once."""
     batch, M, K = A.shape
     N = B.shape[2]
     nr = 2 * VECTOR_BYTES // C.itemsize
@@ -633,14 +742,14 @@ def _gemm(A, B, C, mc, job0, job1):
         n = min(NC, N - j0)
         for k0 in range(0, K, KC):
             kc = min(KC, K - k0)
-            bp = np.empty(((n + nr - 1) // nr, kc * nr), dtype=C.dtype)
+            bp = np.empty(((n + nr - 1) // nr if pack_b else 1, kc, nr), dtype=C.dtype)
             packed = -1
             for job in range(job0, job1):
                 i, i0 = job // blocks, (job % blocks) * mc
-                if i != packed:
+                if pack_b and i != packed:
                     _pack_b(B[i], k0, kc, j0, n, bp)
                     packed = i
-                _block(A[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0)
+                _block(A[i], B[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0, pack_a, pack_b)
 
 
 def _block_rows(m, threads):
@@ -676,9 +785,22 @@ def _any_strides(kernel, *args):
     return entry
 
 
-def _product(a, b):
+def _packs(m, n, b):
+    """Whether to pack A, and B (see step 2 above): a copy pays when what is copied is used often.
+    A panel of A serves every panel of B (n / NR of them), a panel of B every panel of A (m / MR).
+    B must be packed when its rows are not contiguous (a transposed view), and is when its rows lie
+    PACK_BYTES or more apart: read where they are, rows a power of two of kilobytes apart all fall
+    in the same few sets of the L1 cache and push each other out."""
+    row_bytes = n * b.itemsize
+    pack_a = row_bytes > PACK_BYTES
+    pack_b = b.strides[2] != b.itemsize or abs(b.strides[1]) >= PACK_BYTES or m > PACK_ROWS
+    return pack_a, pack_b
+
+
+def _product(a, b, packs=None):
     """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides
-    (not counted as a launch: the public functions below count theirs, fused attention its own)."""
+    (not counted as a launch: the public functions below count theirs, fused attention its own).
+    `packs`: (pack A, pack B) to override `_packs`'s choice (B is packed anyway when it must be)."""
     dtype = a.dtype
     b = b.astype(dtype, copy=False)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -696,7 +818,11 @@ def _product(a, b):
     # so that every thread gets rows.
     mc = _block_rows(m, 1 if len(a3) >= 2 * n_threads else n_threads)
     jobs = len(a3) * -(-m // mc)
-    _share(_any_strides(_gemm, a3, b3, out3, mc, 0, jobs), work, jobs, a3, b3, out3, mc)
+    pack_a, pack_b = _packs(m, n, b3)
+    if packs is not None:
+        pack_a, pack_b = packs[0], packs[1] or b3.strides[2] != b3.itemsize
+    _share(_any_strides(_gemm, a3, b3, out3, mc, pack_a, pack_b, 0, jobs), work, jobs, a3, b3, out3, mc, pack_a,
+           pack_b)
     return out
 
 
