@@ -60,7 +60,7 @@ def test_matmul_packed_or_read_in_place_gives_the_product(rng, packs):
     every combination, on ragged edges, strided and reversed views, batches and a second block of k."""
     big_a, big_b = arr(rng, 30, 300, dtype=np.float32), arr(rng, 300, 45, dtype=np.float32)
     cases = [(big_a, big_b), (big_a[::-1, ::-1], big_b[::-1]), (big_a[:, 3:36], big_b[3:36, :33]), (big_a[::2], big_b),
-             (np.asfortranarray(big_a), big_b[:, :32]), (arr(rng, 3, 13, 40, dtype=np.float64), arr(rng, 3, 40, 9, dtype=np.float64)),
+             (np.asfortranarray(big_a), big_b[:, :32]), (np.asfortranarray(big_a[:29]), big_b), (arr(rng, 3, 13, 40, dtype=np.float64), arr(rng, 3, 40, 9, dtype=np.float64)),
              (arr(rng, 2, 7, 5, dtype=np.float64), np.swapaxes(arr(rng, 2, 11, 5, dtype=np.float64), 1, 2))]
     for a, b in cases:
         expected = a.astype(np.float64) @ b
@@ -68,12 +68,14 @@ def test_matmul_packed_or_read_in_place_gives_the_product(rng, packs):
 
 
 def test_large_products_pack_and_small_ones_read_in_place(rng):
-    b = arr(rng, 128, 64, dtype=np.float32)
-    assert cpu._packs(64, 64, b[None]) == (False, False)  # attention's: few rows of C use each panel
-    assert cpu._packs(2048, 64, b[None]) == (False, True)  # many rows: B's panels are worth packing
-    assert cpu._packs(64, 64, np.swapaxes(arr(rng, 1, 64, 128, dtype=np.float32), 1, 2))[1]  # columns of B apart
+    a, b = arr(rng, 1, 64, 128, dtype=np.float32), arr(rng, 1, 128, 64, dtype=np.float32)
+    assert cpu._packs(64, 64, a, b) == (False, False)  # attention's: few rows of C use each panel
+    assert cpu._packs(2048, 64, a, b) == (False, True)  # many rows: B's panels are worth packing
+    assert cpu._packs(64, 64, a, np.swapaxes(arr(rng, 1, 64, 128, dtype=np.float32), 1, 2))[1]  # columns of B apart
     wide = arr(rng, 1, 128, 1024, dtype=np.float32)
-    assert cpu._packs(64, 1024, wide) == (True, True)  # long rows of C reuse A's panels; B's rows 4 KB apart
+    assert cpu._packs(64, 1024, a, wide) == (True, True)  # long rows of C reuse A's panels; B's rows 4 KB apart
+    weight_grad = np.swapaxes(arr(rng, 1, 2048, 512, dtype=np.float32), 1, 2)  # dy^T: k steps 2 KB
+    assert cpu._packs(512, 64, weight_grad, b)[0]
 
 
 @pytest.mark.parametrize("m,threads", [(1, 1), (6, 2), (100, 2), (2048, 2), (2048, 1), (10 ** 5, 2)])

@@ -523,7 +523,7 @@ MR = 6  # rows of the register block
 KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
 MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
 NC = 4096  # columns of B per packed block
-PACK_BYTES = 1024  # A is packed for rows of C longer than this; B, for its rows this far apart or more
+PACK_BYTES = 1024  # A is packed for rows of C longer than this; either, for steps in k this long or longer
 PACK_ROWS = 128  # B is packed for more rows of C than this
 
 # The vector width the micro-kernel writes: 256 bits (AVX2, and what AVX-512 also runs at full
@@ -647,26 +647,45 @@ def _copy_spread(dst, d0, step, src, n):
 def _pack_a(A, i0, m, k0, kc, ap):
     """ap[p, k, r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
     The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
-    columns), through 1-D views: a view's loop needs one index, not two, and runs 2-3x faster.
-    A arrives typed as of any strides (one compiled version for every layout): `_copy_run` and
-    `_copy_spread` look at the line's stride when they run."""
-    if A.strides[0] < A.strides[1]:  # A is a transposed view: read down its columns
+    columns), and writes each panel in order. A arrives typed as of any strides (one compiled
+    version for every layout); a line whose stride is one number is retyped as contiguous
+    (`_contiguous`), so that its loop reads memory in order."""
+    full = m // MR  # whole panels; the last, ragged one is padded with zeros
+    if A.strides[0] < A.strides[1]:  # A is a transposed view: its columns are the lines in memory
         At = A.T
         for k in range(kc):
-            src = At[k0 + k, i0:i0 + m]
-            for p in range(ap.shape[0]):
-                dst, rows = ap[p, k], min(MR, m - p * MR)
-                _copy_run(dst, 0, src, p * MR, rows)
-                for r in range(rows, MR):
-                    dst[r] = 0
+            line = At[k0 + k, i0:i0 + m]
+            if line.strides[0] == line.itemsize:
+                _spread_line(_contiguous(line), ap, k, full, m)
+            else:
+                _spread_line(line, ap, k, full, m)
     else:
-        for p in range(ap.shape[0]):
-            dst, rows = ap[p].ravel(), min(MR, m - p * MR)
-            for r in range(rows):
-                _copy_spread(dst, r, MR, A[i0 + p * MR + r, k0:k0 + kc], kc)
-            for r in range(rows, MR):
-                for k in range(kc):
-                    dst[k * MR + r] = 0
+        for p in range(-(-m // MR)):
+            rows = min(MR, m - p * MR)
+            for r in range(MR):
+                line = A[i0 + p * MR + min(r, rows - 1), k0:k0 + kc]
+                if line.strides[0] == line.itemsize:
+                    _fill_panel_row(_contiguous(line), ap[p], r, r < rows)
+                else:
+                    _fill_panel_row(line, ap[p], r, r < rows)
+
+
+@njit(cache=True, inline="always")
+def _spread_line(line, ap, k, full, m):
+    """ap[p, k, r] = line[p*MR + r]: a line of A's transpose into column k of every panel."""
+    for p in range(full):
+        for r in range(MR):  # a constant count: the compiler unrolls it
+            ap[p, k, r] = line[p * MR + r]
+    if full * MR < m:
+        for r in range(MR):
+            ap[full, k, r] = line[full * MR + r] if full * MR + r < m else 0
+
+
+@njit(cache=True, inline="always")
+def _fill_panel_row(line, panel, r, keep):
+    """panel[k, r] = line[k] (or 0 for a row past the end of A): a row of A into a panel."""
+    for k in range(panel.shape[0]):
+        panel[k, r] = line[k] if keep else 0
 
 
 @njit(cache=True)
@@ -785,14 +804,14 @@ def _any_strides(kernel, *args):
     return entry
 
 
-def _packs(m, n, b):
+def _packs(m, n, a, b):
     """Whether to pack A, and B (see step 2 above): a copy pays when what is copied is used often.
     A panel of A serves every panel of B (n / NR of them), a panel of B every panel of A (m / MR).
-    B must be packed when its rows are not contiguous (a transposed view), and is when its rows lie
-    PACK_BYTES or more apart: read where they are, rows a power of two of kilobytes apart all fall
-    in the same few sets of the L1 cache and push each other out."""
-    row_bytes = n * b.itemsize
-    pack_a = row_bytes > PACK_BYTES
+    B must be packed when its rows are not contiguous (a transposed view). Either is packed when
+    the micro-kernel, reading it in place, would step PACK_BYTES or more from one k to the next:
+    lines a power of two of kilobytes apart all fall in the same few sets of the L1 cache and push
+    each other out (A's step is that far in a Linear's weight gradient, dy^T x, a transposed view)."""
+    pack_a = n * a.itemsize > PACK_BYTES or abs(a.strides[2]) >= PACK_BYTES
     pack_b = b.strides[2] != b.itemsize or abs(b.strides[1]) >= PACK_BYTES or m > PACK_ROWS
     return pack_a, pack_b
 
@@ -818,7 +837,7 @@ def _product(a, b, packs=None):
     # so that every thread gets rows.
     mc = _block_rows(m, 1 if len(a3) >= 2 * n_threads else n_threads)
     jobs = len(a3) * -(-m // mc)
-    pack_a, pack_b = _packs(m, n, b3)
+    pack_a, pack_b = _packs(m, n, a3, b3)
     if packs is not None:
         pack_a, pack_b = packs[0], packs[1] or b3.strides[2] != b3.itemsize
     _share(_any_strides(_gemm, a3, b3, out3, mc, pack_a, pack_b, 0, jobs), work, jobs, a3, b3, out3, mc, pack_a,
