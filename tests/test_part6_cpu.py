@@ -9,6 +9,7 @@ import pytest
 
 import course.kernels as K
 from course.kernels import cpu
+from course.tensor import Tensor
 
 from test_part6_kernels import np_layer_norm, np_scan, np_softmax, scan_inputs  # noqa: E402
 
@@ -246,13 +247,23 @@ def test_shared_kernels_give_the_same_numbers_on_one_thread_and_on_several(rng, 
     scan = scan_inputs(rng, dtype=np.float32)
     a, b = arr(rng, 50, 300, dtype=np.float32), arr(rng, 300, 40, dtype=np.float32)  # two blocks of k
     heads, keys = arr(rng, 4, 30, 8, dtype=np.float32), arr(rng, 4, 8, 20, dtype=np.float32)
+    rows = [arr(rng, 3 * fused.ROWS + 5, 24, dtype=np.float32) for _ in range(3)]  # four blocks of rows, one short
+    w, bias = arr(rng, 24, dtype=np.float32), arr(rng, 24, dtype=np.float32)
+
+    def rows_and_grads(f, *arrays):
+        tensors = [Tensor(x, requires_grad=True) for x in arrays]
+        outs = f(*tensors)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        sum(((o * Tensor(rows[2])).sum() for o in outs), Tensor(np.float32(0))).backward()
+        return [o.data for o in outs] + [t.grad for t in tensors]
 
     def run():
         out, lse = fused.attention_forward(q, k, v, causal=True)
         grads = fused.attention_backward(q, k, v, out, lse, dout, causal=True)
         y, states = cpu.selective_scan(*scan, return_states=True)
         scan_grads = cpu.selective_scan_backward(np.ones_like(y), *scan, states)
-        return [out, lse, *grads, y, *scan_grads, cpu.matmul(a, b), cpu.matmul_bt(b.T, a), cpu.matmul(heads, keys)]
+        return [out, lse, *grads, y, *scan_grads, cpu.matmul(a, b), cpu.matmul_bt(b.T, a), cpu.matmul(heads, keys),
+                *rows_and_grads(fused.bias_gelu, rows[0], bias), *rows_and_grads(fused.add_layer_norm, *rows[:2], w, bias)]
 
     alone = run()
     calls = []

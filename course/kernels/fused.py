@@ -332,10 +332,16 @@ def attention(q, k, v, causal=True, dropout_p=0.0, training=True):
 
 
 # ----- the residual add and the layer norm after it -----------------------------------------------------
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _add_layer_norm(x, y, weight, bias, eps, total, out, mean, rstd):
+# The row kernels below share their rows between the CPU's threads as `cpu._share` does: a job is a
+# block of ROWS rows. Sums over rows (the gradients of the weight and the bias) are summed per
+# block, then the blocks' sums are added: the same numbers on one thread or several.
+ROWS = 64
+
+
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _add_layer_norm(x, y, weight, bias, eps, total, out, mean, rstd, job0, job1):
     n = x.shape[1]
-    for r in range(x.shape[0]):
+    for r in range(job0 * ROWS, min(job1 * ROWS, x.shape[0])):
         acc = 0.0
         for j in range(n):
             s = x[r, j] + y[r, j]
@@ -353,27 +359,32 @@ def _add_layer_norm(x, y, weight, bias, eps, total, out, mean, rstd):
         rstd[r] = rs
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
-def _layer_norm_backward(x, weight, mean, rstd, g, dx, dweight, dbias):
-    """dx, dweight and dbias in one pass over the rows (cpu.py makes two)."""
+@cpu.range_kernel(fastmath=True, error_model="numpy")
+def _layer_norm_backward(x, weight, mean, rstd, g, dx, dweight, dbias, job0, job1):
+    """dx, and a row of dweight and dbias per block of rows, in one pass over the rows (cpu.py makes two)."""
     n = x.shape[1]
-    dweight[:] = 0
-    dbias[:] = 0
-    for r in range(x.shape[0]):
-        mu, rs = mean[r], rstd[r]
-        s1 = 0.0
-        s2 = 0.0
-        for j in range(n):
-            xhat = (x[r, j] - mu) * rs
-            gy = g[r, j] * weight[j]
-            s1 += gy
-            s2 += gy * xhat
-            dweight[j] += g[r, j] * xhat
-            dbias[j] += g[r, j]
-        s1 /= n
-        s2 /= n
-        for j in range(n):
-            dx[r, j] = rs * (g[r, j] * weight[j] - s1 - (x[r, j] - mu) * rs * s2)
+    for job in range(job0, job1):
+        dweight[job, :] = 0
+        dbias[job, :] = 0
+        for r in range(job * ROWS, min((job + 1) * ROWS, x.shape[0])):
+            mu, rs = mean[r], rstd[r]
+            s1 = 0.0
+            s2 = 0.0
+            for j in range(n):
+                xhat = (x[r, j] - mu) * rs
+                gy = g[r, j] * weight[j]
+                s1 += gy
+                s2 += gy * xhat
+                dweight[job, j] += g[r, j] * xhat
+                dbias[job, j] += g[r, j]
+            s1 /= n
+            s2 /= n
+            for j in range(n):
+                dx[r, j] = rs * (g[r, j] * weight[j] - s1 - (x[r, j] - mu) * rs * s2)
+
+
+def _row_jobs(rows):
+    return -(-rows // ROWS)
 
 
 def add_layer_norm(x, y, weight, bias, eps=1e-5):
@@ -389,16 +400,19 @@ def add_layer_norm(x, y, weight, bias, eps=1e-5):
     x2, y2 = np.ascontiguousarray(x.data).reshape(-1, n), np.ascontiguousarray(y.data).reshape(-1, n)
     total, out = np.empty_like(x2), np.empty_like(x2)
     mean, rstd = np.empty(len(x2), x2.dtype), np.empty(len(x2), x2.dtype)
-    _add_layer_norm(x2, y2, weight.data, bias.data, x2.dtype.type(eps), total, out, mean, rstd)
+    cpu._share(_add_layer_norm, x2.size * 8, _row_jobs(len(x2)), x2, y2, weight.data, bias.data, x2.dtype.type(eps),
+               total, out, mean, rstd)
     count("cpu.add_layer_norm")
     s = operation("add", total.reshape(x.shape), (x, y), lambda g: (g, g))
 
     def backward(g):
         g2 = np.ascontiguousarray(g, dtype=total.dtype).reshape(-1, n)
-        dx, dw, db = np.empty_like(total), np.empty(n, total.dtype), np.empty(n, total.dtype)
-        _layer_norm_backward(total, weight.data, mean, rstd, g2, dx, dw, db)
+        jobs = _row_jobs(len(total))
+        dx, dw, db = np.empty_like(total), np.empty((jobs, n), total.dtype), np.empty((jobs, n), total.dtype)
+        cpu._share(_layer_norm_backward, total.size * 8, jobs, total, weight.data, mean, rstd, g2, dx, dw, db)
         count("cpu.layer_norm_backward")
-        return dx.reshape(x.shape), dw if weight.requires_grad else None, db if bias.requires_grad else None
+        return (dx.reshape(x.shape), cpu.reduce_rows(dw) if weight.requires_grad else None,
+                cpu.reduce_rows(db) if bias.requires_grad else None)
 
     return s, operation("layer_norm", out.reshape(x.shape), (s, weight, bias), backward)
 
@@ -418,33 +432,35 @@ _GELU_A = 0.044715
 GELU_FASTMATH = {"contract", "nsz"}
 
 
-@njit(cache=True, fastmath=GELU_FASTMATH, error_model="numpy")
-def _bias_gelu(h, b, y):
+@cpu.range_kernel(fastmath=GELU_FASTMATH, error_model="numpy")
+def _bias_gelu(h, b, y, job0, job1):
     """y = gelu(h + b), in the dtype of h: its constants are made of that type, since a float32 times
     a Python float is a float64 in compiled code, and float64 numbers fill half as many lanes."""
     f = h.dtype.type
     one, c2, a = f(1.0), f(2 * _GELU_C), f(_GELU_A)
-    for r in range(h.shape[0]):
+    for r in range(job0 * ROWS, min(job1 * ROWS, h.shape[0])):
         for j in range(h.shape[1]):
             x = h[r, j] + b[j]
             y[r, j] = x / (one + _exp(-c2 * (x + a * x * x * x)))
 
 
-@njit(cache=True, fastmath=GELU_FASTMATH, error_model="numpy")
-def _bias_gelu_backward(h, b, g, dh, db):
-    """dh = g * gelu'(h + b), recomputing the sigmoid s rather than storing it; db = column sums of
-    dh. gelu'(x) = s + x s (1 - s) v' with v = 2u, and 1 - s = e s where e = exp(-v)."""
+@cpu.range_kernel(fastmath=GELU_FASTMATH, error_model="numpy")
+def _bias_gelu_backward(h, b, g, dh, db, job0, job1):
+    """dh = g * gelu'(h + b), recomputing the sigmoid s rather than storing it; a row of db (the
+    column sums of dh) per block of rows. gelu'(x) = s + x s (1 - s) v' with v = 2u, and 1 - s = e s
+    where e = exp(-v)."""
     f = h.dtype.type
     one, c2, a, a3 = f(1.0), f(2 * _GELU_C), f(_GELU_A), f(3 * _GELU_A)
-    db[:] = 0
-    for r in range(h.shape[0]):
-        for j in range(h.shape[1]):
-            x = h[r, j] + b[j]
-            e = _exp(-c2 * (x + a * x * x * x))
-            s = one / (one + e)
-            d = g[r, j] * (s + x * s * (e * s) * c2 * (one + a3 * x * x))
-            dh[r, j] = d
-            db[j] += d
+    for job in range(job0, job1):
+        db[job, :] = 0
+        for r in range(job * ROWS, min((job + 1) * ROWS, h.shape[0])):
+            for j in range(h.shape[1]):
+                x = h[r, j] + b[j]
+                e = _exp(-c2 * (x + a * x * x * x))
+                s = one / (one + e)
+                d = g[r, j] * (s + x * s * (e * s) * c2 * (one + a3 * x * x))
+                dh[r, j] = d
+                db[job, j] += d
 
 
 def bias_gelu(h, bias):
@@ -456,14 +472,16 @@ def bias_gelu(h, bias):
     n = h.shape[-1]
     h2 = np.ascontiguousarray(h.data).reshape(-1, n)
     y = np.empty_like(h2)
-    _bias_gelu(h2, bias.data, y)
+    jobs = _row_jobs(len(h2))
+    cpu._share(_bias_gelu, h2.size * 16, jobs, h2, bias.data, y)
     count("cpu.bias_gelu")
 
     def backward(g):
-        dh, db = np.empty_like(h2), np.empty(n, h2.dtype)
-        _bias_gelu_backward(h2, bias.data, np.ascontiguousarray(g, dtype=h2.dtype).reshape(-1, n), dh, db)
+        dh, db = np.empty_like(h2), np.empty((jobs, n), h2.dtype)
+        cpu._share(_bias_gelu_backward, h2.size * 24, jobs, h2, bias.data,
+                   np.ascontiguousarray(g, dtype=h2.dtype).reshape(-1, n), dh, db)
         count("cpu.bias_gelu_backward")
-        return dh.reshape(h.shape), db if bias.requires_grad else None
+        return dh.reshape(h.shape), cpu.reduce_rows(db) if bias.requires_grad else None
 
     return operation("bias_gelu", y.reshape(h.shape), (h, bias), backward)
 
