@@ -89,6 +89,22 @@ def test_blocks_of_rows_are_whole_register_blocks_shared_evenly(m, threads):
         assert blocks % threads == 0 or blocks < threads
 
 
+def test_few_rows_and_many_columns_give_each_thread_its_columns():
+    assert cpu._blocks(1, 128, 512, 2, 16) == (132, 256)  # a weight's gradient: each thread half of B
+    assert cpu._blocks(1, 2048, 128, 2, 16) == (cpu._block_rows(2048, 2), 128)  # many rows: rows are shared
+    assert cpu._blocks(128, 64, 64, 2, 16) == (66, 64)  # many products: each thread whole products
+    assert cpu._blocks(1, 64, 20, 2, 16) == (cpu._block_rows(64, 2), 20)  # too few columns to cut
+
+
+def test_a_product_cut_into_columns_for_threads_is_the_product(rng, monkeypatch):
+    monkeypatch.setattr(cpu, "threads", lambda: 3)
+    monkeypatch.setattr(cpu, "PARALLEL_WORK", 0)
+    a, b = arr(rng, 40, 300, dtype=np.float32), arr(rng, 300, 150, dtype=np.float32)  # 3 x 48 columns + 6
+    assert cpu._blocks(1, 40, 150, 3, 16)[1] == 64
+    for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)), (a[None].repeat(2, 0), b[None].repeat(2, 0))):
+        np.testing.assert_allclose(cpu.matmul(x, y), x.astype(np.float64) @ y, **TOL[np.float32])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_across_several_blocks_of_k_and_of_rows(rng, dtype):
     # k = 700 is three blocks of KC (the last one short) summed into C; 300 rows are several blocks of MC.
@@ -247,6 +263,7 @@ def test_shared_kernels_give_the_same_numbers_on_one_thread_and_on_several(rng, 
     scan = scan_inputs(rng, dtype=np.float32)
     a, b = arr(rng, 50, 300, dtype=np.float32), arr(rng, 300, 40, dtype=np.float32)  # two blocks of k
     heads, keys = arr(rng, 4, 30, 8, dtype=np.float32), arr(rng, 4, 8, 20, dtype=np.float32)
+    wide = arr(rng, 300, 150, dtype=np.float32)  # few rows, many columns: cut into columns for threads
     rows = [arr(rng, 3 * fused.ROWS + 5, 24, dtype=np.float32) for _ in range(3)]  # four blocks of rows, one short
     w, bias = arr(rng, 24, dtype=np.float32), arr(rng, 24, dtype=np.float32)
 
@@ -262,7 +279,7 @@ def test_shared_kernels_give_the_same_numbers_on_one_thread_and_on_several(rng, 
         grads = fused.attention_backward(q, k, v, out, lse, dout, causal=True)
         y, states = cpu.selective_scan(*scan, return_states=True)
         scan_grads = cpu.selective_scan_backward(np.ones_like(y), *scan, states)
-        return [out, lse, *grads, y, *scan_grads, cpu.matmul(a, b), cpu.matmul_bt(b.T, a), cpu.matmul(heads, keys),
+        return [out, lse, *grads, y, *scan_grads, cpu.matmul(a, b), cpu.matmul_bt(b.T, a), cpu.matmul(heads, keys), cpu.matmul(a[:40], wide),
                 *rows_and_grads(fused.bias_gelu, rows[0], bias), *rows_and_grads(fused.add_layer_norm, *rows[:2], w, bias)]
 
     alone = run()

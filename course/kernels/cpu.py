@@ -518,7 +518,8 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 #    by. So each number is read from memory about once per block, not once per use.
 # 4. Threads over blocks of C: the MC-row blocks of C are independent (each thread packs its own
 #    A block, and the B blocks its rows need), so `_share` hands each thread a range of them;
-#    blocks are cut so each thread gets as many.
+#    blocks are cut so each thread gets as many. A product of few rows and many columns is cut
+#    into blocks of columns instead, so that no two threads pack the same part of B.
 MR = 6  # rows of the register block
 KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
 MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
@@ -747,28 +748,38 @@ def _block(A, B, bp, C, i0, m, k0, kc, j0, n, accumulate, pack_a, b_packed):
 
 
 @range_kernel()
-def _gemm(A, B, C, mc, pack_a, pack_b, job0, job1):
+def _gemm(A, B, C, mc, nc, pack_a, pack_b, job0, job1):
     """C[i] = A[i] B[i] for batches A (b, m, k) and B (b, k, n) of any strides; one product is a
-    batch of one. A job is one MC-row block of one C[i], so one large product and many small ones
-    (attention's, one per head) both give every thread work; `_share` hands each thread a range of
-    them. With pack_b, block of B by block of B, the thread packs the block of each B[i] its jobs
-    need, once."""
+    batch of one. A job is one block of C[i]: mc rows by nc columns. Many small products
+    (attention's, one per head) or one product of many rows give each thread blocks of rows; a
+    product of few rows and many columns (a weight's gradient, 128 x 2048 by 2048 x 512) gives each
+    thread its own columns, so that it packs only its part of B. `_share` hands each thread a range
+    of jobs; block of k by block of k, the thread packs the block of B its next jobs need, once."""
     batch, M, K = A.shape
     N = B.shape[2]
     nr = 2 * VECTOR_BYTES // C.itemsize
-    blocks = (M + mc - 1) // mc
-    for j0 in range(0, N, NC):
-        n = min(NC, N - j0)
-        for k0 in range(0, K, KC):
-            kc = min(KC, K - k0)
-            bp = np.empty(((n + nr - 1) // nr if pack_b else 1, kc, nr), dtype=C.dtype)
-            packed = -1
-            for job in range(job0, job1):
-                i, i0 = job // blocks, (job % blocks) * mc
-                if pack_b and i != packed:
-                    _pack_b(B[i], k0, kc, j0, n, bp)
-                    packed = i
-                _block(A[i], B[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0, pack_a, pack_b)
+    row_blocks, col_blocks = (M + mc - 1) // mc, (N + nc - 1) // nc
+    for k0 in range(0, K, KC):
+        kc = min(KC, K - k0)
+        bp = np.empty(((nc + nr - 1) // nr if pack_b else 1, kc, nr), dtype=C.dtype)
+        packed = -1
+        for job in range(job0, job1):
+            i, rest = job // (row_blocks * col_blocks), job % (row_blocks * col_blocks)
+            j0, i0 = (rest // row_blocks) * nc, (rest % row_blocks) * mc
+            n = min(nc, N - j0)
+            if pack_b and job // row_blocks != packed:  # a new block of columns, or a new B[i]
+                _pack_b(B[i], k0, kc, j0, n, bp[:(n + nr - 1) // nr])
+                packed = job // row_blocks
+            _block(A[i], B[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0, pack_a, pack_b)
+
+
+def _blocks(batch, m, n, threads, nr):
+    """(rows, columns) of C per job: whole register blocks, at most MC rows and NC columns, and
+    enough jobs that every thread gets as many. Columns are cut only for a product of few rows
+    (at most MC per thread), and then each thread's share of them whole."""
+    if batch >= 2 * threads or m > MC * threads or n < 2 * nr * threads:
+        return _block_rows(m, 1 if batch >= 2 * threads else threads), min(n, NC)
+    return _block_rows(m, 1), min(NC, nr * -(-(-(-n // nr)) // threads))
 
 
 def _block_rows(m, threads):
@@ -833,15 +844,13 @@ def _product(a, b, packs=None):
     n_threads = threads() if work >= PARALLEL_WORK else 1
     a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
     out3 = out.reshape((-1, m, n))
-    # Enough matrices to share out whole: blocks as large as the cache allows; else smaller blocks,
-    # so that every thread gets rows.
-    mc = _block_rows(m, 1 if len(a3) >= 2 * n_threads else n_threads)
-    jobs = len(a3) * -(-m // mc)
+    mc, nc = _blocks(len(a3), m, n, n_threads, 2 * VECTOR_BYTES // a.itemsize)
+    jobs = len(a3) * -(-m // mc) * -(-n // nc)
     pack_a, pack_b = _packs(m, n, a3, b3)
     if packs is not None:
         pack_a, pack_b = packs[0], packs[1] or b3.strides[2] != b3.itemsize
-    _share(_any_strides(_gemm, a3, b3, out3, mc, pack_a, pack_b, 0, jobs), work, jobs, a3, b3, out3, mc, pack_a,
-           pack_b)
+    _share(_any_strides(_gemm, a3, b3, out3, mc, nc, pack_a, pack_b, 0, jobs), work, jobs, a3, b3, out3, mc, nc,
+           pack_a, pack_b)
     return out
 
 

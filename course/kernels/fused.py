@@ -254,15 +254,15 @@ def _masked_softmax(s, scale, causal, offset, job0, job1):
     for bh in range(job0, job1):
         for i in range(s.shape[1]):
             n = min(s.shape[2], offset + i + 1) if causal else s.shape[2]
-            m = -1e300
-            for j in range(n):
-                m = max(m, np.float64(s[bh, i, j]) * scale)
+            m = s[bh, i, 0] * scale  # scale has the dtype of s: the exp runs in that precision
+            for j in range(1, n):
+                m = max(m, s[bh, i, j] * scale)
             total = 0.0
             for j in range(n):
                 e = _exp(s[bh, i, j] * scale - m)
                 s[bh, i, j] = e
                 total += e
-            inv = 1.0 / total
+            inv = s.dtype.type(1.0 / total)
             for j in range(n):
                 s[bh, i, j] *= inv
             for j in range(n, s.shape[2]):
@@ -291,7 +291,7 @@ def _attention_direct(q, k, v, causal):
     t_q, t_k = q3.shape[1], k3.shape[1]
     scale = 1 / np.sqrt(q.shape[-1])
     p = cpu._product(q3, _t(k3))  # the products count as part of this one attention call
-    cpu._share(_masked_softmax, p.size * 8, p.shape[0], p, scale, bool(causal), t_k - t_q)
+    cpu._share(_masked_softmax, p.size * 8, p.shape[0], p, p.dtype.type(scale), bool(causal), t_k - t_q)
     out = cpu._product(p, v3)
     count("cpu.attention_forward")
 
