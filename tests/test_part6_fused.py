@@ -101,22 +101,12 @@ def _sum(pair):
 
 
 def test_the_vectorised_exp_is_accurate_in_each_precision():
-    from numba import njit
-
     from course.kernels import cpu
 
-    @njit
-    def exp_all(x, y):
-        for i in range(x.size):
-            y[i] = cpu._exp(x[i])  # the compiled exp, in the precision of its argument
-
-    x64 = np.concatenate([np.linspace(-700, 700, 20001), np.linspace(-3, 3, 601)])
-    y64 = np.empty_like(x64)
-    exp_all(x64, y64)
-    np.testing.assert_allclose(y64, np.exp(x64), rtol=1e-13)
-    x32 = np.linspace(-87, 88, 200001).astype(np.float32)
-    y32 = np.empty_like(x32)
-    exp_all(x32, y32)
+    x64 = np.concatenate([np.linspace(-700, 700, 2001), np.linspace(-3, 3, 601)])
+    np.testing.assert_allclose([cpu._exp64(x) for x in x64], np.exp(x64), rtol=1e-13)
+    x32 = np.linspace(-87, 88, 4001).astype(np.float32)
+    y32 = np.array([cpu._exp32(x) for x in x32])
     np.testing.assert_allclose(y32, np.exp(x32.astype(np.float64)), rtol=3.2e-7)
     assert cpu._exp64(-800.0) < 1e-300 and cpu._exp32(np.float32(-100)) < 2e-38
     assert np.isfinite(cpu._exp32(np.float32(100)))
