@@ -105,3 +105,15 @@ def test_the_gpu_profile_says_when_there_is_no_gpu():
     out = subprocess.run([sys.executable, "-m", "benchmarks.profile_gpu"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("skipped: no GPU here"), out.stdout + out.stderr
+
+
+def test_side_by_side_alternates_the_engines_and_gives_the_median_ratio():
+    from benchmarks import side_by_side
+
+    calls = []
+    course = lambda: calls.append("course")  # noqa: E731
+    reference = lambda: calls.append("reference")  # noqa: E731
+    course_times, reference_times = side_by_side.alternate(course, reference, pairs=3, warmup=1)
+    assert calls == ["course", "reference"] * 4 and len(course_times) == len(reference_times) == 3
+    r = side_by_side.report([2.0, 4.0, 30.0], [1.0, 1.0, 10.0])  # ratios 2, 4, 3: a slow moment hits both
+    assert r["median_ratio"] == 3.0 and r["course_median"] == 4.0 and r["reference_median"] == 1.0
