@@ -46,6 +46,18 @@ class Row:
     extra: dict = field(default_factory=dict)  # keyword arguments for both setups
 
 
+def find_row(parser, module_name, key):
+    """The benchmark module `benchmarks.<module_name>` and its row `key`; a row it lacks is the
+    parser's error, which lists the rows it has."""
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{module_name}")
+    rows = {r.key: r for r in module.ROWS}
+    if key not in rows:
+        parser.error(f"{module_name} has no row {key!r}; its rows are {', '.join(rows)}")
+    return module, rows[key]
+
+
 def set_threads(n):
     """Fix every library's thread count in this process's environment (before they are imported)."""
     for var in THREAD_VARS:

@@ -54,15 +54,9 @@ def main(argv=None):
     from .harness import set_threads
 
     set_threads(args.threads)
-    import importlib
+    from .harness import Skip, find_row
 
-    from .harness import Skip
-
-    module = importlib.import_module(f"benchmarks.{args.module}")
-    rows = {r.key: r for r in module.ROWS}
-    if args.row not in rows:
-        p.error(f"{args.module} has no row {args.row!r}; its rows are {', '.join(rows)}")
-    row = rows[args.row]
+    module, row = find_row(p, args.module, args.row)
     threads = row.threads or args.threads
     # `python -m benchmarks` passes the row's own count, so the environment had it before NumPy
     # started; run by hand with another count, the pools are cut down here (threadpoolctl).

@@ -12,7 +12,6 @@ while). Report which of the two measures a figure comes from.
 """
 
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -47,14 +46,10 @@ def main(argv=None):
     p.add_argument("--pairs", type=int, default=20)
     args = p.parse_args(argv)
 
-    from .harness import set_threads
+    from .harness import find_row, set_threads
 
     set_threads(args.threads)  # before NumPy or Numba start their threads
-    module = importlib.import_module(f"benchmarks.{args.module}")
-    rows = {r.key: r for r in module.ROWS}
-    if args.row not in rows:
-        p.error(f"{args.module} has no row {args.row!r}; its rows are {', '.join(rows)}")
-    row = rows[args.row]
+    module, row = find_row(p, args.module, args.row)
     threads = row.threads or args.threads
     course = getattr(module, row.course)(threads=threads, **row.extra)
     reference = getattr(module, row.reference)(threads=threads, **row.extra)

@@ -169,12 +169,13 @@ def _share(kernel, work, jobs, *args):
 # multiply-adds and integer operations only, so the compiler turns the loop into vector
 # instructions: 4 float64 or 8 float32 numbers at a time on AVX2.
 @intrinsic
-def _bits_as_float64(typingctx, bits):
-    """The float64 whose 64 bits are those of the int64 `bits` (a reinterpretation, not a conversion)."""
-    sig = types.float64(types.int64)
+def _bits_as_float(typingctx, bits):
+    """The float whose bits are those of the integer `bits`: a float64 for an int64, a float32 for an
+    int32 (a reinterpretation, not a conversion)."""
+    sig = (types.float64 if bits == types.int64 else types.float32)(bits)
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
+        return builder.bitcast(args[0], context.get_value_type(signature.return_type))
 
     return sig, codegen
 
@@ -187,17 +188,6 @@ def _float_bits(typingctx, x):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-@intrinsic
-def _bits_as_float32(typingctx, bits):
-    """The float32 whose 32 bits are those of the int32 `bits`."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
 
     return sig, codegen
 
@@ -232,7 +222,7 @@ def _exp64(x):
     p = p * r + 0.5
     p = p * r + 1.0
     p = p * r + 1.0
-    return p * _bits_as_float64((bits + 1023) << 52)  # 2^n: n + 1023 in the exponent's bits
+    return p * _bits_as_float((bits + 1023) << 52)  # 2^n: n + 1023 in the exponent's bits
 
 
 _F32 = np.float32
@@ -258,7 +248,7 @@ def _exp32(x):
     p = p * r + _F32(0.5)
     p = p * r + _F32(1.0)
     p = p * r + _F32(1.0)
-    return p * _bits_as_float32(np.int32((n_bits + 127) << 23))
+    return p * _bits_as_float(np.int32((n_bits + 127) << 23))
 
 
 def _exp(x):
