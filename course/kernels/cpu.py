@@ -501,7 +501,9 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 #    uses them: a panel of A (MR rows, k running) and one of B (NR columns, k running) are copied
 #    into small contiguous buffers first. Reading A and B for the copy goes through their strides,
 #    so a transposed view costs nothing more: `matmul_bt(a, bt)` is `a @ bt.T` with the view
-#    `bt.T` and `matmul_at(at, b)` is `at.T @ b`; nobody transposes anything up front.
+#    `bt.T` and `matmul_at(at, b)` is `at.T @ b`; nobody transposes anything up front. A copy pays
+#    only when its panel is used many times, so small products (attention's, one per head) read A,
+#    and B where its rows are contiguous, in place: `_packs` decides.
 # 3. Cache blocking. A block of KC rows of B (all its columns, up to NC) is packed once and stays
 #    in the L3/L2 cache; a block of MC rows of A, packed, stays in L2; each NR-wide panel of the
 #    packed B (KC x NR numbers, 16 KB in float32) stays in L1 while every MR-row panel of A passes
