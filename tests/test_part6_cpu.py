@@ -61,7 +61,9 @@ def test_matmul_packed_or_read_in_place_gives_the_product(rng, packs):
     every combination, on ragged edges, strided and reversed views, batches and a second block of k."""
     big_a, big_b = arr(rng, 30, 300, dtype=np.float32), arr(rng, 300, 45, dtype=np.float32)
     cases = [(big_a, big_b), (big_a[::-1, ::-1], big_b[::-1]), (big_a[:, 3:36], big_b[3:36, :33]), (big_a[::2], big_b),
-             (np.asfortranarray(big_a), big_b[:, :32]), (np.asfortranarray(big_a[:29]), big_b), (arr(rng, 3, 13, 40, dtype=np.float64), arr(rng, 3, 40, 9, dtype=np.float64)),
+             (np.asfortranarray(big_a), big_b[:, :32]), (np.asfortranarray(big_a[:29]), big_b),
+             (np.broadcast_to(big_a[:1], (30, 300)), np.broadcast_to(big_b[:, :1], (300, 45))),  # strides of 0
+             (np.broadcast_to(big_a[:, :1], (30, 300)), np.broadcast_to(big_b[:1], (300, 45))), (arr(rng, 3, 13, 40, dtype=np.float64), arr(rng, 3, 40, 9, dtype=np.float64)),
              (arr(rng, 2, 7, 5, dtype=np.float64), np.swapaxes(arr(rng, 2, 11, 5, dtype=np.float64), 1, 2))]
     for a, b in cases:
         expected = a.astype(np.float64) @ b
