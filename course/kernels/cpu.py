@@ -638,47 +638,48 @@ def _copy_spread(dst, d0, step, src, n):
 
 @njit(cache=True)
 def _pack_a(A, i0, m, k0, kc, ap):
-    """ap[p, k, r] = A[i0 + p*MR + r, k0 + k] (0 past the last row): panels of MR rows, k running.
+    """ap[p, k, r] = A[i0 + p*MR + r, k0 + k]: panels of MR rows, k running; past the last row, the
+    last row again, as the micro-kernel reads an unpacked A (the caller keeps only the real rows).
     The copy reads along whichever axis of A is contiguous (its rows, or for a transposed view its
     columns), and writes each panel in order. A arrives typed as of any strides (one compiled
     version for every layout); a line whose stride is one number is retyped as contiguous
     (`_contiguous`), so that its loop reads memory in order."""
-    full = m // MR  # whole panels; the last, ragged one is padded with zeros
     if A.strides[0] < A.strides[1]:  # A is a transposed view: its columns are the lines in memory
         At = A.T
         for k in range(kc):
             line = At[k0 + k, i0:i0 + m]
             if line.strides[0] == line.itemsize:
-                _spread_line(_contiguous(line), ap, k, full, m)
+                _spread_line(_contiguous(line), ap, k, m)
             else:
-                _spread_line(line, ap, k, full, m)
+                _spread_line(line, ap, k, m)
     else:
-        for p in range(-(-m // MR)):
-            rows = min(MR, m - p * MR)
+        for p in range(ap.shape[0]):
             for r in range(MR):
-                line = A[i0 + p * MR + min(r, rows - 1), k0:k0 + kc]
+                line = A[i0 + min(p * MR + r, m - 1), k0:k0 + kc]
                 if line.strides[0] == line.itemsize:
-                    _fill_panel_row(_contiguous(line), ap[p], r, r < rows)
+                    _fill_panel_row(_contiguous(line), ap[p], r)
                 else:
-                    _fill_panel_row(line, ap[p], r, r < rows)
+                    _fill_panel_row(line, ap[p], r)
 
 
 @njit(cache=True, inline="always")
-def _spread_line(line, ap, k, full, m):
-    """ap[p, k, r] = line[p*MR + r]: a line of A's transpose into column k of every panel."""
+def _spread_line(line, ap, k, m):
+    """ap[p, k, r] = line[p*MR + r] (the last number again past m): a line of A's transpose into
+    column k of every panel."""
+    full = m // MR
     for p in range(full):
         for r in range(MR):  # a constant count: the compiler unrolls it
             ap[p, k, r] = line[p * MR + r]
-    if full * MR < m:
+    for p in range(full, ap.shape[0]):  # the ragged last panel, if any
         for r in range(MR):
-            ap[full, k, r] = line[full * MR + r] if full * MR + r < m else 0
+            ap[p, k, r] = line[min(p * MR + r, m - 1)]
 
 
 @njit(cache=True, inline="always")
-def _fill_panel_row(line, panel, r, keep):
-    """panel[k, r] = line[k] (or 0 for a row past the end of A): a row of A into a panel."""
+def _fill_panel_row(line, panel, r):
+    """panel[k, r] = line[k]: a row of A into a panel."""
     for k in range(panel.shape[0]):
-        panel[k, r] = line[k] if keep else 0
+        panel[k, r] = line[k]
 
 
 @njit(cache=True)
