@@ -136,16 +136,17 @@ def print_text(results, info):
     for line in describe(info):
         print(line)
     # One block per row: the name on its own line, then the figures in columns.
-    header = f"  {'row':<14} {'thr':>3}  {'course: median (min-max)':<30} {'reference: median (min-max)':<50} {'ratio':>7}"
+    w = max([14] + [len(r["key"]) for r in results])
+    header = f"  {'row':<{w}} {'thr':>3}  {'course: median (min-max)':<30} {'reference: median (min-max)':<50} {'ratio':>7}"
     print(header)
     print("-" * len(header))
     for r in results:
         ref = f"{r['reference_label']} {_cell(r, 'reference')}" if r.get("reference") else "-"
         ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "-"
         print(r["name"])
-        print(f"  {r['key']:<14} {r['threads']:>3}  {_cell(r, 'course'):<30} {ref:<50} {ratio:>7}")
+        print(f"  {r['key']:<{w}} {r['threads']:>3}  {_cell(r, 'course'):<30} {ref:<50} {ratio:>7}")
         if _notes(r):
-            print(f"  {'':<14} {'':>3}  {_notes(r)}")
+            print(f"  {'':<{w}} {'':>3}  {_notes(r)}")
 
 
 def print_markdown(results, info):

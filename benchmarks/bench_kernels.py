@@ -5,7 +5,7 @@ Rows (each engine in a process of its own, see benchmarks/harness.py):
   float32, `a @ b` with B as given, and `a @ b.T` with B's transpose as a view; one thread each.
 - The GPT training step of bench_gpt and the Mamba training step of bench_mamba, run inside
   `use_kernels("cpu")` against the same step on the NumPy path (the engine's default), with as
-  many threads for Numba as for BLAS.
+  many threads for Numba as for BLAS; and the GPT step on the kernels against PyTorch's.
 - Causal attention forward + backward by tiles (`course.kernels.fused`) against the NumPy path at
   T = 256 and 1024; the note under each gives the peak extra memory of one step of each (traced
   by tracemalloc): the NumPy path holds (T, T) arrays of scores and probabilities, quadratic in T;
@@ -64,6 +64,12 @@ def gpt_kernels(threads):
 
 def gpt_numpy(threads):
     return _gpt(threads, False)
+
+
+def gpt_torch(threads):
+    from .bench_gpt import torch_step
+
+    return torch_step(threads)
 
 
 def _mamba(threads, kernels):
@@ -256,6 +262,8 @@ ROWS = [
         extra={"n": 512, "transposed": True}),
     Row("gpt-kernels", "GPT training step (as above) on the CPU kernels, `use_kernels(\"cpu\")`", "gpt_kernels",
         "gpt_numpy", reference_label="NumPy path", same=1e-4, note="target <= 0.8"),
+    Row("gpt-kernels-torch", "The same step on the CPU kernels against PyTorch's eager step (the same weights, "
+        "AdamW)", "gpt_kernels", "gpt_torch", reference_label="PyTorch", same=1e-4, note="target <= 0.7"),
     Row("mamba-kernels", "Mamba training step (as above) on the CPU kernels, `use_kernels(\"cpu\")`",
         "mamba_kernels", "mamba_numpy", reference_label="NumPy path", steps=9, warmup=2, same=1e-4,
         note="target <= 0.9"),

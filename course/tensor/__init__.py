@@ -7,7 +7,7 @@
 (see `course.tensor.tensor`); `course.tensor.dispatch` is where part 6 swaps kernels in.
 """
 
-from . import dispatch, functional
+from . import dispatch, functional, memory
 from .functional import manual_seed
 from .gradcheck import gradcheck, numerical_gradient
 from .tensor import Tensor, is_grad_enabled, matmul, no_grad, operation, unbroadcast
