@@ -7,9 +7,10 @@ freed: blocks of 128 KB and up are mapped on their own and unmapped when freed (
 with the blocks freed, up to 32 MB), and the top of the heap is handed back once enough of it is
 free. The next array of that size then gets fresh pages, and the first write to each 4 KB page
 is a page fault: a trip into the operating system, which finds a page and fills it with zeros.
-The bench's GPT training step (4 layers, 128 wide, 32 x 64 tokens) made 7,300 page faults a step
-on the NumPy path and 21,000 on the CPU kernels, whose threads write results that are fresh pages
-more often.
+The bench's GPT training step (4 layers, 128 wide, 32 x 64 tokens, 2 threads) made 7,300 page
+faults a step on the NumPy path and 18,000 to 21,000 on the CPU kernels; with freed memory kept,
+none, and the step on the kernels took 175-180 ms instead of 230-245 (medians of 9 steps, a 2-core
+AMD EPYC).
 
 `keep_freed_memory()` asks `malloc` to keep what is freed for the next arrays (glibc's `mallopt`:
 blocks up to 32 MB come from the heap, and the heap is handed back only past 1 GB free). Importing
