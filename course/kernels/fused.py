@@ -51,6 +51,7 @@ BLOCK_K = 64
 
 # ----- exp that vectorises ------------------------------------------------------------------------------
 _exp = cpu._exp  # exp with only multiply-adds and bit operations (see `cpu`): loops that call it vectorise
+_microkernel, MR = cpu._microkernel, cpu.MR  # the matrix product's register micro-kernel, MR rows of C at a time
 
 
 def _same_float(*arrays):
@@ -59,6 +60,31 @@ def _same_float(*arrays):
 
 
 # ----- attention by tiles (FlashAttention) ----------------------------------------------------------------
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _tile_product(kc, a, ai, ak, m, b, ncols, c, ci, accumulate, edge):
+    """c[ci:ci+m, :ncols] = (c[...] if accumulate else 0) + a[ai:ai+m, ak:ak+kc] @ b[:kc, :ncols], by
+    the register micro-kernel of the matrix product (`cpu._microkernel`, lesson 6.5's section 5):
+    `a` of any strides, each row of `b` contiguous, ncols a whole number of panels (NR =
+    edge.shape[1] columns). A last block of fewer than MR rows is summed in `edge`, so that nothing
+    is written past row ci + m."""
+    nr = edge.shape[1]
+    for p in range(0, m, MR):
+        rows = min(MR, m - p)
+        for j in range(0, ncols, nr):
+            if rows == MR:
+                _microkernel(kc, a, ai + p, ak, MR, b, 0, j, c, ci + p, j, accumulate)
+            else:
+                _microkernel(kc, a, ai + p, ak, rows, b, 0, j, edge, 0, 0, False)
+                for r in range(rows):
+                    for t in range(nr):
+                        c[ci + p + r, j + t] = c[ci + p + r, j + t] + edge[r, t] if accumulate else edge[r, t]
+
+
+@njit(cache=True, inline="always")
+def _panels(n, nr):
+    return (n + nr - 1) // nr * nr  # n rounded up to whole panels of nr columns
+
+
 @cpu.range_kernel(fastmath=True, error_model="numpy")
 def _attention_forward(q, k, v, scale, causal, out, lse, job0, job1):
     """out = softmax(q k^T * scale) v, for the jobs job0 .. job1 - 1: a job is one (batch*head,
@@ -69,53 +95,63 @@ def _attention_forward(q, k, v, scale, causal, out, lse, job0, job1):
     new tile raises the maximum from m to m', everything summed so far was scaled by exp(-m)
     instead of exp(-m'): both l and acc are multiplied by exp(m - m'). After the last tile,
     out = acc / l, and lse = m + log l (the log of the softmax's denominator) is saved for the
-    backward. Under the causal mask a row stops at its own position, and tiles wholly in the
-    future are never visited.
+    backward. Under the causal mask a row stops at its own position (its probabilities past it
+    are 0), and tiles wholly in the future are never visited. The two products of a tile, the
+    scores Q K^T and the output's P V, run on the matrix product's register micro-kernel: the key
+    tile is copied transposed and the value tile with its rows padded to whole vectors, so that
+    each row the micro-kernel reads is contiguous.
     """
     n_bh, t_q, d_k = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q  # query i sits at position offset + i
     tiles = (t_q + BLOCK_Q - 1) // BLOCK_Q
+    nr = 2 * cpu.VECTOR_BYTES // q.itemsize
+    d_vp = _panels(d_v, nr)
+    kt = np.zeros((d_k, BLOCK_K), dtype=q.dtype)  # the key tile, transposed
+    vp = np.zeros((BLOCK_K, d_vp), dtype=q.dtype)  # the value tile, rows padded with zeros
+    s = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # a tile of scores, then of probabilities
+    acc = np.empty((BLOCK_Q, d_vp), dtype=q.dtype)
+    edge = np.empty((MR, nr), dtype=q.dtype)
+    m = np.empty(BLOCK_Q)
+    l = np.empty(BLOCK_Q)
     for job in range(job0, job1):
         bh, q0 = job // tiles, (job % tiles) * BLOCK_Q
         nq = min(BLOCK_Q, t_q - q0)
-        kt = np.empty((d_k, BLOCK_K), dtype=q.dtype)  # the key tile, transposed: rows of scores vectorise
-        s = np.empty(BLOCK_K, dtype=q.dtype)
-        acc = np.zeros((BLOCK_Q, d_v), dtype=q.dtype)
-        m = np.full(BLOCK_Q, -1e300)
-        l = np.zeros(BLOCK_Q)
+        acc[:] = 0
+        m[:] = -1e300
+        l[:] = 0
         k_end = min(t_k, offset + q0 + nq) if causal else t_k
         for k0 in range(0, k_end, BLOCK_K):
             nk = min(BLOCK_K, k_end - k0)
+            cols = _panels(nk, nr)
             for j in range(nk):
                 for d in range(d_k):
                     kt[d, j] = k[bh, k0 + j, d]
+                for d in range(d_v):
+                    vp[j, d] = v[bh, k0 + j, d]
+            for j in range(nk, cols):
+                for d in range(d_k):
+                    kt[d, j] = 0
+            _tile_product(d_k, q[bh], q0, 0, nq, kt, cols, s, 0, False, edge)  # S = Q K^T
             for i in range(nq):
                 n = min(nk, offset + q0 + i - k0 + 1) if causal else nk  # keys this row may see
-                if n <= 0:
-                    continue
-                s[:n] = 0
-                for d in range(d_k):
-                    qd = q[bh, q0 + i, d] * scale
+                if n > 0:
+                    m_new = m[i]
                     for j in range(n):
-                        s[j] += qd * kt[d, j]
-                m_new = m[i]
-                for j in range(n):
-                    m_new = max(m_new, np.float64(s[j]))
-                alpha = _exp(m[i] - m_new)  # rescales what was summed against the old maximum
-                total = 0.0
-                for j in range(n):
-                    p = _exp(s[j] - m_new)
-                    s[j] = p
-                    total += p
-                l[i] = l[i] * alpha + total
-                m[i] = m_new
-                for d in range(d_v):
-                    acc[i, d] *= alpha  # the output too, not only the sum
-                for j in range(n):
-                    p = s[j]
+                        m_new = max(m_new, np.float64(s[i, j] * scale))
+                    alpha = _exp(m[i] - m_new)  # rescales what was summed against the old maximum
+                    total = 0.0
+                    for j in range(n):
+                        p = _exp(s[i, j] * scale - m_new)
+                        s[i, j] = p
+                        total += p
+                    l[i] = l[i] * alpha + total
+                    m[i] = m_new
                     for d in range(d_v):
-                        acc[i, d] += p * v[bh, k0 + j, d]
+                        acc[i, d] *= alpha  # the output too, not only the sum
+                for j in range(max(n, 0), nk):
+                    s[i, j] = 0  # masked: no part in P V
+            _tile_product(nk, s, 0, 0, nq, vp, d_vp, acc, 0, True, edge)  # acc += P V
         for i in range(nq):
             inv = 1.0 / l[i]
             for d in range(d_v):
@@ -131,81 +167,84 @@ def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv, job0
         dv_j += p_ij dout_i,   dp_ij = dout_i . v_j,   ds_ij = p_ij (dp_ij - D_i) * scale,
         dq_i += ds_ij k_j,     dk_j += ds_ij q_i.
     One (batch*head) per job (job0 .. job1 - 1), so dk and dv have a single writer. For each tile of
-    keys, the query tiles that see it pass by; dk and dv of the tile are summed in small
-    transposed arrays (each loop then runs along the tile's keys, which the compiler vectorises)
-    and written once at the end.
+    keys, the query tiles that see it pass by; a tile's five products (S = Q K^T, dP = dO V^T,
+    dV += P^T dO, dK += dS^T Q, dQ += dS K) run on the register micro-kernel, each from copies
+    whose rows are contiguous and padded to whole vectors. dk and dv of the tile, and dq of the
+    whole head, are summed in such padded arrays and written once at the end.
     """
     n_bh, t_q, d_k = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q
+    nr = 2 * cpu.VECTOR_BYTES // q.itemsize
+    d_kp, d_vp = _panels(d_k, nr), _panels(d_v, nr)
+    kt = np.zeros((d_k, BLOCK_K), dtype=q.dtype)  # K's tile transposed, for S = Q K^T
+    vt = np.zeros((d_v, BLOCK_K), dtype=q.dtype)  # V's tile transposed, for dP = dO V^T
+    kp = np.zeros((BLOCK_K, d_kp), dtype=q.dtype)  # K's tile, rows padded, for dQ += dS K
+    qp = np.zeros((BLOCK_Q, d_kp), dtype=q.dtype)  # Q's tile, rows padded, for dK += dS^T Q
+    gp = np.zeros((BLOCK_Q, d_vp), dtype=q.dtype)  # dO's tile, rows padded, for dV += P^T dO
+    p = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # a tile of probabilities
+    ds = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # and of the scores' gradients
+    dk_acc = np.empty((BLOCK_K, d_kp), dtype=q.dtype)
+    dv_acc = np.empty((BLOCK_K, d_vp), dtype=q.dtype)
+    dq_acc = np.empty((t_q, d_kp), dtype=q.dtype)
+    edge = np.empty((MR, nr), dtype=q.dtype)
+    delta = np.empty(t_q)
     for bh in range(job0, job1):
-        kt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
-        vt = np.empty((d_v, BLOCK_K), dtype=q.dtype)
-        dkt = np.empty((d_k, BLOCK_K), dtype=q.dtype)
-        dvt = np.empty((d_v, BLOCK_K), dtype=q.dtype)
-        p = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # a tile of probabilities
-        ds = np.empty((BLOCK_Q, BLOCK_K), dtype=q.dtype)  # and of the scores' gradients
-        delta = np.empty(t_q)
         for i in range(t_q):
             acc = 0.0
             for d in range(d_v):
                 acc += dout[bh, i, d] * out[bh, i, d]
             delta[i] = acc
-        dq[bh] = 0
+        dq_acc[:] = 0
         for k0 in range(0, t_k, BLOCK_K):
             nk = min(BLOCK_K, t_k - k0)
+            cols = _panels(nk, nr)
             for j in range(nk):
                 for d in range(d_k):
                     kt[d, j] = k[bh, k0 + j, d]
+                    kp[j, d] = k[bh, k0 + j, d]
                 for d in range(d_v):
                     vt[d, j] = v[bh, k0 + j, d]
-            dkt[:, :nk] = 0
-            dvt[:, :nk] = 0
+            for j in range(nk, cols):
+                for d in range(d_k):
+                    kt[d, j] = 0
+                for d in range(d_v):
+                    vt[d, j] = 0
+            dk_acc[:nk] = 0
+            dv_acc[:nk] = 0
             # under the causal mask, query rows before position k0 see none of these keys
             first = max(0, k0 - offset) if causal else 0
             for q0 in range((first // BLOCK_Q) * BLOCK_Q, t_q, BLOCK_Q):
                 nq = min(BLOCK_Q, t_q - q0)
-                # Row i sees the first n keys of the tile (all of them without the mask): the loops
-                # stop there, so a tile on the diagonal costs half a tile.
+                for i in range(nq):
+                    for d in range(d_k):
+                        qp[i, d] = q[bh, q0 + i, d]
+                    for d in range(d_v):
+                        gp[i, d] = dout[bh, q0 + i, d]
+                _tile_product(d_k, q[bh], q0, 0, nq, kt, cols, p, 0, False, edge)  # S = Q K^T
+                _tile_product(d_v, dout[bh], q0, 0, nq, vt, cols, ds, 0, False, edge)  # dP = dO V^T
                 for i in range(nq):
                     row = q0 + i
-                    n = min(nk, offset + row - k0 + 1) if causal else nk
-                    if n <= 0:
-                        continue
-                    p[i, :n] = 0  # the scores s_ij, then p_ij
-                    ds[i, :n] = 0  # dP = dout v^T, then ds
-                    for d in range(d_k):
-                        qd = q[bh, row, d] * scale
-                        for j in range(n):
-                            p[i, j] += qd * kt[d, j]
-                    for d in range(d_v):
-                        gd = dout[bh, row, d]
-                        for j in range(n):
-                            ds[i, j] += gd * vt[d, j]
-                    m, dl = lse[bh, row], delta[row]
+                    n = max(0, min(nk, offset + row - k0 + 1)) if causal else nk
+                    mm, dl = lse[bh, row], delta[row]
                     for j in range(n):
-                        pij = _exp(p[i, j] - m)
+                        pij = _exp(p[i, j] * scale - mm)
                         p[i, j] = pij
                         ds[i, j] = pij * (ds[i, j] - dl) * scale
-                    # dv^T += dout^T p,  dk^T += q^T ds,  dq += ds k
-                    for d in range(d_v):
-                        gd = dout[bh, row, d]
-                        for j in range(n):
-                            dvt[d, j] += gd * p[i, j]
-                    for d in range(d_k):
-                        qd = q[bh, row, d]
-                        for j in range(n):
-                            dkt[d, j] += qd * ds[i, j]
-                    for d in range(d_k):
-                        acc = q.dtype.type(0)
-                        for j in range(n):
-                            acc += ds[i, j] * kt[d, j]
-                        dq[bh, row, d] += acc
+                    for j in range(n, nk):  # masked: no part in the three products below
+                        p[i, j] = 0
+                        ds[i, j] = 0
+                _tile_product(nq, p.T, 0, 0, nk, gp, d_vp, dv_acc, 0, True, edge)  # dV += P^T dO
+                _tile_product(nq, ds.T, 0, 0, nk, qp, d_kp, dk_acc, 0, True, edge)  # dK += dS^T Q
+                _tile_product(nk, ds, 0, 0, nq, kp, d_kp, dq_acc, q0, True, edge)  # dQ += dS K
             for j in range(nk):
                 for d in range(d_k):
-                    dk[bh, k0 + j, d] = dkt[d, j]
+                    dk[bh, k0 + j, d] = dk_acc[j, d]
                 for d in range(d_v):
-                    dv[bh, k0 + j, d] = dvt[d, j]
+                    dv[bh, k0 + j, d] = dv_acc[j, d]
+        for i in range(t_q):
+            for d in range(d_k):
+                dq[bh, i, d] = dq_acc[i, d]
 
 
 def _as3d(a):
