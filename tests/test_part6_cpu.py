@@ -249,10 +249,31 @@ def test_one_compiled_product_per_dtype_for_every_layout(rng):
     read_only.flags.writeable = False
     cases = [(a, b), (a.T.copy().T, b), (arr(rng, 13, 18, dtype=np.float32)[:, ::2], b), (read_only, b),
              (np.broadcast_to(a, (3, 13, 9)), np.broadcast_to(b, (3, 9, 7))), (read_only[None].repeat(5, 0), b[None].repeat(5, 0))]
+    heads = arr(rng, 2, 5, 3, 9, dtype=np.float32).transpose(0, 2, 1, 3)  # (B, H, T, D) over (B, T, H, D)
+    cases += [(heads, arr(rng, 2, 3, 9, 4, dtype=np.float32)), (arr(rng, 2, 1, 2, 3, 9, dtype=np.float32), arr(rng, 2, 1, 2, 9, 7, dtype=np.float32))]
     for x, y in cases:
         np.testing.assert_allclose(cpu.matmul(x, y), np.matmul(x, y), rtol=1e-5, atol=1e-5)
+    into = np.empty((2, 5, 3, 4), np.float32).transpose(0, 2, 1, 3)
+    assert cpu._product(heads, cases[-2][1], out=into) is into  # written through its strides
+    np.testing.assert_allclose(into, np.matmul(heads, cases[-2][1]), rtol=1e-5, atol=1e-5)
     compiled = {sig for sig in cpu._gemm.signatures if sig[0].dtype == numba.float32}
     assert len(compiled) == 1, compiled
+
+
+def test_heads_are_read_where_they_are(rng, monkeypatch):
+    """Attention's heads, q of shape (B, H, T, D) seen over a (B, T, H, D) array, go into the product
+    as they are: no copy. An output of more than 4 axes that a view cannot flatten is refused."""
+    heads = arr(rng, 2, 6, 3, 8, dtype=np.float32).transpose(0, 2, 1, 3)
+    keys = arr(rng, 2, 6, 3, 8, dtype=np.float32).transpose(0, 2, 3, 1)
+    seen = []
+    original = cpu._share
+    monkeypatch.setattr(cpu, "_share", lambda kernel, work, jobs, a, b, c, *rest: (seen.append((a, b)),
+                                                                                   original(kernel, work, jobs, a, b, c, *rest)))
+    np.testing.assert_allclose(cpu.matmul(heads, keys), heads @ keys, rtol=1e-5, atol=1e-5)
+    (a, b), = seen
+    assert np.shares_memory(a, heads) and np.shares_memory(b, keys)
+    with pytest.raises(ValueError, match="5 axes must be C-ordered"):
+        cpu._product(arr(rng, 2, 2, 2, 3, 4), arr(rng, 2, 2, 2, 4, 5), out=np.empty((2, 2, 2, 5, 3)).swapaxes(-1, -2))
 
 
 def test_shared_kernels_give_the_same_numbers_on_one_thread_and_on_several(rng, monkeypatch):

@@ -72,6 +72,23 @@ def test_attention_equals_the_numpy_path_in_float32(rng, causal, t_q, t_k):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
 
 
+def test_short_attention_leaves_the_heads_where_the_model_reads_them(rng):
+    """GPT's q, k and v are (B, H, T, D) views of (B, T, H, D) arrays. The short route's output and
+    gradients come out laid out the same way, so that putting the heads side by side again,
+    (B, T, H, D) -> (B, T, C), is a view (no copy), and they equal the NumPy path's."""
+    x = [rng.standard_normal((2, 10, 3, 8)).astype(np.float32) for _ in range(3)]
+    g = rng.standard_normal((2, 10, 3, 8)).astype(np.float32)
+    tensors = [Tensor(a.transpose(0, 2, 1, 3), requires_grad=True) for a in x]
+    out = fused.attention(*tensors)
+    assert out.data.transpose(0, 2, 1, 3).flags.c_contiguous
+    out.backward(g.transpose(0, 2, 1, 3))
+    for t in tensors:
+        assert t.grad.transpose(0, 2, 1, 3).flags.c_contiguous, t.grad.strides
+    expected = _run(F.scaled_dot_product_attention.default, [a.transpose(0, 2, 1, 3) for a in x], g.transpose(0, 2, 1, 3))
+    for a, b in zip([out.data] + [t.grad for t in tensors], expected):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
 def test_the_other_operations_equal_the_numpy_path_in_float32(rng):
     x, y = rng.standard_normal((2, 3, 6, 16)), rng.standard_normal((2, 3, 6, 16))
     w, b = rng.standard_normal(16), rng.standard_normal(16)

@@ -745,14 +745,15 @@ def _block(A, B, bp, C, i0, m, k0, kc, j0, n, accumulate, pack_a, b_packed):
 
 @range_kernel()
 def _gemm(A, B, C, mc, nc, pack_a, pack_b, job0, job1):
-    """C[i] = A[i] B[i] for batches A (b, m, k) and B (b, k, n) of any strides; one product is a
-    batch of one. A job is one block of C[i]: mc rows by nc columns. Many small products
+    """C[i, h] = A[i, h] B[i, h] for batches A (b, h, m, k) and B (b, h, k, n) of any strides (attention's
+    heads, read where the model leaves them); one product is a batch of one. A job is one block of
+    C[i, h]: mc rows by nc columns. Many small products
     (attention's, one per head) or one product of many rows give each thread blocks of rows; a
     product of few rows and many columns (a weight's gradient, 128 x 2048 by 2048 x 512) gives each
     thread its own columns, so that it packs only its part of B. `_share` hands each thread a range
     of jobs; block of k by block of k, the thread packs the block of B its next jobs need, once."""
-    batch, M, K = A.shape
-    N = B.shape[2]
+    heads, M, K = A.shape[1], A.shape[2], A.shape[3]
+    N = B.shape[3]
     nr = 2 * VECTOR_BYTES // C.itemsize
     row_blocks, col_blocks = (M + mc - 1) // mc, (N + nc - 1) // nc
     for k0 in range(0, K, KC):
@@ -763,10 +764,11 @@ def _gemm(A, B, C, mc, nc, pack_a, pack_b, job0, job1):
             i, rest = job // (row_blocks * col_blocks), job % (row_blocks * col_blocks)
             j0, i0 = (rest // row_blocks) * nc, (rest % row_blocks) * mc
             n = min(nc, N - j0)
-            if pack_b and job // row_blocks != packed:  # a new block of columns, or a new B[i]
-                _pack_b(B[i], k0, kc, j0, n, bp[:(n + nr - 1) // nr])
+            b, h = i // heads, i % heads
+            if pack_b and job // row_blocks != packed:  # a new block of columns, or a new B[b, h]
+                _pack_b(B[b, h], k0, kc, j0, n, bp[:(n + nr - 1) // nr])
                 packed = job // row_blocks
-            _block(A[i], B[i], bp, C[i], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0, pack_a, pack_b)
+            _block(A[b, h], B[b, h], bp, C[b, h], i0, min(mc, M - i0), k0, kc, j0, n, k0 > 0, pack_a, pack_b)
 
 
 def _blocks(batch, m, n, threads, nr):
@@ -789,13 +791,13 @@ _ENTRIES = {}  # (kernel, dtype, dimensions and flags of each array, type of eac
 
 
 def _any_strides(kernel, *args):
-    """`kernel` compiled for these arguments with every input array typed as "any strides" (numba's
-    layout "A"), the output (the last array) as C-ordered. numba compiles one version of a function
-    per combination of its arguments' layouts: C-ordered, Fortran-ordered (a transposed matrix) or
-    strided (a slice), three per operand, and twice more for a read-only one (a broadcast view, an
-    array over bytes). The packing reads through the strides anyway and never writes its inputs,
-    so one version per dtype does every case, and a first run compiles 2 versions instead of
-    up to 36."""
+    """`kernel` compiled for these arguments with every array typed as "any strides" (numba's layout
+    "A"), the inputs read-only, the output (the last array) writable. numba compiles one version of
+    a function per combination of its arguments' layouts: C-ordered, Fortran-ordered (a transposed
+    matrix) or strided (a slice), three per array, and twice more for a read-only one (a broadcast
+    view, an array over bytes). The packing reads through the strides anyway, the micro-kernel
+    writes C through its strides, and nothing writes the inputs, so one version per dtype does
+    every case: a first run compiles 2 versions instead of up to 54."""
     # numba.typeof takes about 50 microseconds an array, three times a product, a hundred products a
     # GPT step: the entry is first looked up by what the types are made of.
     quick = (kernel,) + tuple((a.dtype, a.ndim, a.flags.c_contiguous, a.flags.f_contiguous, a.flags.writeable,
@@ -804,7 +806,7 @@ def _any_strides(kernel, *args):
     if entry is None:
         types_ = [numba.typeof(a) for a in args]
         last = max(i for i, t in enumerate(types_) if isinstance(t, types.Array))
-        sig = tuple(t.copy(layout="A", readonly=True) if isinstance(t, types.Array) and i != last else t
+        sig = tuple(t.copy(layout="A", readonly=i != last) if isinstance(t, types.Array) else t
                     for i, t in enumerate(types_))
         kernel.compile(sig)  # numba compiles a signature once: asked again, it returns what it has
         entry = _ENTRIES[quick] = kernel.overloads[sig].entry_point
@@ -818,19 +820,27 @@ def _packs(m, n, a, b):
     the micro-kernel, reading it in place, would step PACK_BYTES or more from one k to the next:
     lines a power of two of kilobytes apart all fall in the same few sets of the L1 cache and push
     each other out (A's step is that far in a Linear's weight gradient, dy^T x, a transposed view)."""
-    pack_a = n * a.itemsize > PACK_BYTES or abs(a.strides[2]) >= PACK_BYTES
-    pack_b = b.strides[2] != b.itemsize or abs(b.strides[1]) >= PACK_BYTES or m > PACK_ROWS
+    pack_a = n * a.itemsize > PACK_BYTES or abs(a.strides[-1]) >= PACK_BYTES
+    pack_b = b.strides[-1] != b.itemsize or abs(b.strides[-2]) >= PACK_BYTES or m > PACK_ROWS
     return pack_a, pack_b
 
 
-def _product(a, b, packs=None):
+def _four(x):
+    """x as a 4-D array (batch, heads, rows, columns): a view for up to 4 axes; more leading axes
+    are merged into the first, a view where their strides allow."""
+    return x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim <= 4 else x.reshape((-1,) + x.shape[-3:])
+
+
+def _product(a, b, packs=None, out=None):
     """a @ b for arrays of matching shapes (2-D, or batches with the same leading axes), any strides
-    (not counted as a launch: the public functions below count theirs, fused attention its own).
+    (not counted as a launch: the public functions below count theirs, fused attention its own),
+    into `out` where given (any strides: attention writes its heads where the model reads them).
     `packs`: (pack A, pack B) to override `_packs`'s choice (B is packed anyway when it must be)."""
     dtype = a.dtype
     b = b.astype(dtype, copy=False)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    out = np.empty(a.shape[:-1] + (n,), dtype=dtype)
+    if out is None:
+        out = np.empty(a.shape[:-1] + (n,), dtype=dtype)
     if out.size == 0:
         return out
     if k == 0:
@@ -838,14 +848,16 @@ def _product(a, b, packs=None):
         return out
     work = out.size * k
     n_threads = threads() if work >= PARALLEL_WORK else 1
-    a3, b3 = a.reshape((-1, m, k)), b.reshape((-1, k, n))  # views where the strides allow
-    out3 = out.reshape((-1, m, n))
-    mc, nc = _blocks(len(a3), m, n, n_threads, 2 * VECTOR_BYTES // a.itemsize)
-    jobs = len(a3) * -(-m // mc) * -(-n // nc)
-    pack_a, pack_b = _packs(m, n, a3, b3)
+    if out.ndim > 4 and not out.flags.c_contiguous:  # its leading axes could not be merged in a view
+        raise ValueError(f"cpu._product: an output of {out.ndim} axes must be C-ordered, not strides {out.strides}")
+    a4, b4, out4 = _four(a), _four(b), _four(out)  # views where the strides allow
+    batch = a4.shape[0] * a4.shape[1]
+    mc, nc = _blocks(batch, m, n, n_threads, 2 * VECTOR_BYTES // a.itemsize)
+    jobs = batch * -(-m // mc) * -(-n // nc)
+    pack_a, pack_b = _packs(m, n, a4, b4)
     if packs is not None:
-        pack_a, pack_b = packs[0], packs[1] or b3.strides[2] != b3.itemsize
-    _share(_any_strides(_gemm, a3, b3, out3, mc, nc, pack_a, pack_b, 0, jobs), work, jobs, a3, b3, out3, mc, nc,
+        pack_a, pack_b = packs[0], packs[1] or b4.strides[-1] != b4.itemsize
+    _share(_any_strides(_gemm, a4, b4, out4, mc, nc, pack_a, pack_b, 0, jobs), work, jobs, a4, b4, out4, mc, nc,
            pack_a, pack_b)
     return out
 

@@ -324,27 +324,38 @@ def _t(x):
     return np.swapaxes(x, -1, -2)  # a view: the products read it through its strides
 
 
+def _like(x, shape):
+    """An empty array of `shape` with the order of x's axes in memory (np.empty_like's order "K"): the
+    gradient of q comes out laid out as q is, and attention's output as q is. GPT's q, k and v are
+    the heads of a (B, T, C) array seen as (B, H, T, D); so are their gradients and the output, and
+    putting the heads side by side again, (B, T, H, D) -> (B, T, C), is a view, not a copy."""
+    return np.empty_like(x, shape=shape) if x.ndim <= 4 else np.empty(shape, x.dtype)
+
+
 def _attention_direct(q, k, v, causal):
-    """The direct route for short sequences, as an operation of the engine."""
-    q3, k3, v3 = _as3d(q.data), _as3d(k.data), _as3d(v.data)
-    t_q, t_k = q3.shape[1], k3.shape[1]
+    """The direct route for short sequences, as an operation of the engine. The products read q, k
+    and v through their strides, the heads where the model left them, and write the output and the
+    gradients laid out as q, k and v are: no copies to make the heads contiguous and back."""
+    qd, kd, vd = q.data, k.data, v.data
+    t_q, t_k = qd.shape[-2], kd.shape[-2]
     scale = 1 / np.sqrt(q.shape[-1])
-    p = cpu._product(q3, _t(k3))  # the products count as part of this one attention call
-    cpu._share(_masked_softmax, p.size * 8, p.shape[0], p, p.dtype.type(scale), bool(causal), t_k - t_q)
-    out = cpu._product(p, v3)
+    p = cpu._product(qd, _t(kd))  # the products count as part of this one attention call
+    p3 = p.reshape(-1, t_q, t_k)
+    cpu._share(_masked_softmax, p.size * 8, p3.shape[0], p3, p.dtype.type(scale), bool(causal), t_k - t_q)
+    out = cpu._product(p, vd, out=_like(qd, qd.shape[:-1] + vd.shape[-1:]))
     count("cpu.attention_forward")
 
     def backward(g):
-        g3 = _as3d(g.astype(p.dtype, copy=False))
-        dv = cpu._product(_t(p), g3) if v.requires_grad else None
-        ds = cpu._product(g3, _t(v3))
-        cpu._share(_softmax_backward_in_place, p.size * 4, p.shape[0], p, ds, ds.dtype.type(scale))
-        dq = cpu._product(ds, k3).reshape(q.shape) if q.requires_grad else None
-        dk = cpu._product(_t(ds), q3).reshape(k.shape) if k.requires_grad else None
+        g = g.astype(p.dtype, copy=False)
+        dv = cpu._product(_t(p), g, out=_like(vd, vd.shape)) if v.requires_grad else None
+        ds = cpu._product(g, _t(vd))
+        cpu._share(_softmax_backward_in_place, p.size * 4, p3.shape[0], p3, ds.reshape(p3.shape), ds.dtype.type(scale))
+        dq = cpu._product(ds, kd, out=_like(qd, qd.shape)) if q.requires_grad else None
+        dk = cpu._product(_t(ds), qd, out=_like(kd, kd.shape)) if k.requires_grad else None
         count("cpu.attention_backward")
-        return dq, dk, None if dv is None else dv.reshape(v.shape)
+        return dq, dk, dv
 
-    return operation("attention", out.reshape(q.shape[:-1] + v.shape[-1:]), (q, k, v), backward)
+    return operation("attention", out, (q, k, v), backward)
 
 
 def attention(q, k, v, causal=True, dropout_p=0.0, training=True):
