@@ -279,8 +279,9 @@ def attention_backward(q, k, v, out, lse, dout, causal=True, scale=None):
 
 # ----- short sequences: the (T, T) matrix of a head is small, so keep it ---------------------------------------
 # Up to DIRECT_T keys, a head's scores take at most 16 KB (float32), so tiles save no memory worth
-# having, while their loops (a row of up to BLOCK_K scores at a time) run far below the speed of
-# the packed matrix product of `cpu`. So short sequences take the direct route: S = q k^T,
+# having, while they cost copies of every tile and of the heads, and the online softmax's
+# rescaling: at the bench GPT's size (32 x 4 heads x 64 tokens x 32, 2 threads) forward and
+# backward took 7.7-8.5 ms direct against 8.9-9.0 by tiles. So short sequences take the direct route: S = q k^T,
 # P = softmax(S scale) (causal mask, in place), out = P v; and back, with P kept:
 #   dv = P^T dout,  dP = dout v^T,  dS = P (dP - <P, dP>) scale,  dq = dS k,  dk = dS^T q.
 DIRECT_T = 64
