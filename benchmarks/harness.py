@@ -23,6 +23,13 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+# numba starts a pool of threads the first time its thread count is asked or set (the course's
+# kernels ask it, `run_one` sets it). Its default pool runs on OpenMP, the same libgomp that
+# PyTorch's CPU build runs its operations on, and once numba's pool is up PyTorch's GPT step took
+# 1.7 times as long (111 ms against 66, 2 threads, a 2-core Xeon with AVX-512). The course's
+# kernels never run on numba's pool (they share work with `_share`'s own threads), so the bench
+# gives it numba's own thread layer, which leaves OpenMP to PyTorch.
+NUMBA_LAYER = "workqueue"
 
 
 class Skip(Exception):
@@ -59,9 +66,11 @@ def find_row(parser, module_name, key):
 
 
 def set_threads(n):
-    """Fix every library's thread count in this process's environment (before they are imported)."""
+    """Fix every library's thread count in this process's environment (before they are imported),
+    and keep numba's thread pool off OpenMP (see NUMBA_LAYER)."""
     for var in THREAD_VARS:
         os.environ[var] = str(n)
+    os.environ["NUMBA_THREADING_LAYER"] = NUMBA_LAYER
 
 
 def torch_threads(torch, n):

@@ -117,3 +117,13 @@ def test_side_by_side_alternates_the_engines_and_gives_the_median_ratio():
     assert calls == ["course", "reference"] * 4 and len(course_times) == len(reference_times) == 3
     r = side_by_side.report([2.0, 4.0, 30.0], [1.0, 1.0, 10.0])  # ratios 2, 4, 3: a slow moment hits both
     assert r["median_ratio"] == 3.0 and r["course_median"] == 4.0 and r["reference_median"] == 1.0
+
+
+def test_numba_s_threads_stay_off_pytorch_s_openmp():
+    # The bench's processes start numba's pool (the course's kernels ask its thread count); on
+    # OpenMP it would share PyTorch's runtime and slow PyTorch's steps down.
+    code = ("from benchmarks.harness import set_threads; set_threads(2); import numba; "
+            "numba.get_num_threads(); print(numba.threading_layer())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["workqueue"]
