@@ -1,6 +1,8 @@
 """The CPU twins (`course.kernels.cpu`, numba.njit) against NumPy, in float32 and float64."""
 
 import os
+import subprocess
+import sys
 import time
 
 import numba
@@ -81,6 +83,49 @@ def test_large_products_pack_and_small_ones_read_in_place(rng):
     assert cpu._packs(512, 64, weight_grad, b)[0]
 
 
+def test_the_register_block_fits_the_vector_registers_numba_compiles_for(monkeypatch):
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2,+fma,-avx512f")
+    assert cpu._vector_bytes() == 32  # AVX2: 6 x 16 float32 in 16 registers
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2,+fma,+avx512f")
+    assert cpu._vector_bytes() == 64  # AVX-512: 12 x 32 float32 in 32 registers
+    assert (cpu.VECTOR_BYTES, cpu.MR) in ((32, 6), (64, 12))
+
+
+_AVX2_LAYOUT = """
+import numpy as np
+from course.kernels import cpu, fused
+assert (cpu.VECTOR_BYTES, cpu.MR) == (32, 6), (cpu.VECTOR_BYTES, cpu.MR)
+rng = np.random.default_rng(0)
+for m, k, n in ((1, 1, 1), (13, 9, 10), (67, 300, 65), (200, 40, 150)):
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for x, y in ((a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b))):
+        for packs in ((True, True), (False, False)):
+            np.testing.assert_allclose(cpu._product(x, y, packs), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+q, k_, v = (rng.standard_normal((2, 100, 32)).astype(np.float32) for _ in range(3))
+s = q @ np.swapaxes(k_, 1, 2) / np.sqrt(32) + np.triu(np.full((100, 100), -np.inf, np.float32), 1)
+p = np.exp(s - s.max(-1, keepdims=True))
+out = fused.attention_forward(q, k_, v, causal=True)[0]
+np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
+print("ok")
+"""
+
+
+def test_the_avx2_register_block_where_this_cpu_has_avx512():
+    # The tests above run the layout of this CPU; on one with AVX-512, a process that tells numba to
+    # compile without it runs the 6 x 16 block of AVX2 machines (an AVX2 CPU cannot run AVX-512's).
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    if not features.get("avx512f"):
+        pytest.skip("this CPU has no AVX-512: the tests above ran the AVX2 layout")
+    for name in list(features):
+        if name.startswith("avx512"):
+            features[name] = False
+    env = dict(os.environ, NUMBA_CPU_FEATURES=features.flatten())
+    out = subprocess.run([sys.executable, "-c", _AVX2_LAYOUT], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("m,threads", [(1, 1), (6, 2), (100, 2), (2048, 2), (2048, 1), (10 ** 5, 2)])
 def test_blocks_of_rows_are_whole_register_blocks_shared_evenly(m, threads):
     mc = cpu._block_rows(m, threads)
@@ -92,9 +137,10 @@ def test_blocks_of_rows_are_whole_register_blocks_shared_evenly(m, threads):
 
 
 def test_few_rows_and_many_columns_give_each_thread_its_columns():
-    assert cpu._blocks(1, 128, 512, 2, 16) == (132, 256)  # a weight's gradient: each thread half of B
+    whole = lambda m: cpu.MR * -(-m // cpu.MR)  # noqa: E731  m rows in whole register blocks
+    assert cpu._blocks(1, 128, 512, 2, 16) == (whole(128), 256)  # a weight's gradient: each thread half of B
     assert cpu._blocks(1, 2048, 128, 2, 16) == (cpu._block_rows(2048, 2), 128)  # many rows: rows are shared
-    assert cpu._blocks(128, 64, 64, 2, 16) == (66, 64)  # many products: each thread whole products
+    assert cpu._blocks(128, 64, 64, 2, 16) == (whole(64), 64)  # many products: each thread whole products
     assert cpu._blocks(1, 64, 20, 2, 16) == (cpu._block_rows(64, 2), 20)  # too few columns to cut
 
 

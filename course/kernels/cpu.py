@@ -491,12 +491,13 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 # 1. A register micro-kernel. A (MR x NR) block of C is summed in vector registers over a run of k:
 #    at each k it loads NR numbers of B (two vectors), and for each of the MR rows broadcasts one
 #    number of A and does two fused multiply-adds. That is 2 MR multiply-adds for 2 vector loads
-#    and MR broadcasts, and the 2 MR sums never leave the registers until the run ends. With 6 x 16
-#    float32 on 256-bit vectors (8 lanes) that is 12 sums + 2 loaded vectors + 1 broadcast = 15 of
-#    the 16 registers of AVX2. Numba's loop vectoriser does not find this on its own (it vectorises
-#    the loop over k as a sum, and spills), so `_microkernel` states it in LLVM's own vector
-#    instructions: a loop whose 12 sums are `<8 x float>` values, which the compiler keeps in
-#    registers.
+#    and MR broadcasts, and the 2 MR sums never leave the registers until the run ends. On AVX2
+#    (16 registers of 256 bits, 8 float32) a 6 x 16 block takes 12 sums + 2 loaded vectors + 1
+#    broadcast = 15 registers; on AVX-512 (32 registers of 512 bits, 16 float32) a 12 x 32 block
+#    takes 24 + 2 + 1 = 27, and does four times the work per k. Numba's loop vectoriser does not
+#    find this on its own (it vectorises the loop over k as a sum, and spills), so `_microkernel`
+#    states it in LLVM's own vector instructions: a loop whose 2 MR sums are `<8 x float>` (or
+#    `<16 x float>`) values, which the compiler keeps in registers.
 # 2. Packing. The micro-kernel reads its numbers of A and B one after the other, in the order it
 #    uses them: a panel of A (MR rows, k running) and one of B (NR columns, k running) are copied
 #    into small contiguous buffers first. Reading A and B for the copy goes through their strides,
@@ -506,22 +507,37 @@ def layer_norm_backward(x, weight, mean, rstd, g):
 #    and B where its rows are contiguous, in place: `_packs` decides.
 # 3. Cache blocking. A block of KC rows of B (all its columns, up to NC) is packed once and stays
 #    in the L3/L2 cache; a block of MC rows of A, packed, stays in L2; each NR-wide panel of the
-#    packed B (KC x NR numbers, 16 KB in float32) stays in L1 while every MR-row panel of A passes
-#    by. So each number is read from memory about once per block, not once per use.
+#    packed B (KC x NR numbers: 16 KB in float32 on AVX2, 32 KB on AVX-512) stays in L1 while
+#    every MR-row panel of A passes by. So each number is read from memory about once per block,
+#    not once per use.
 # 4. Threads over blocks of C: the MC-row blocks of C are independent (each thread packs its own
 #    A block, and the B blocks its rows need), so `_share` hands each thread a range of them;
 #    blocks are cut so each thread gets as many. A product of few rows and many columns is cut
 #    into blocks of columns instead, so that no two threads pack the same part of B.
-MR = 6  # rows of the register block
 KC = 256  # k per block: a packed B panel (KC x NR) fits in L1, a packed A block (MC x KC) in L2
 MC = 144  # rows of A per block (at most; fewer, so that every thread gets a share)
 NC = 4096  # columns of B per packed block
 PACK_BYTES = 1024  # A is packed for rows of C longer than this; either, for steps in k this long or longer
 PACK_ROWS = 128  # B is packed for more rows of C than this
 
-# The vector width the micro-kernel writes: 256 bits (AVX2, and what AVX-512 also runs at full
-# speed). VECTOR_BYTES / itemsize numbers per vector, two vectors per row: NR = 16 in float32, 8 in float64.
-VECTOR_BYTES = 32
+
+def _vector_bytes():
+    """The width of the vectors the micro-kernel uses: 64 bytes where the CPU numba compiles for has
+    AVX-512, 32 elsewhere (AVX2; on ARM a 32-byte vector is two NEON registers). numba compiles for
+    this CPU's features (or those NUMBA_CPU_FEATURES names) and keys its cache of compiled kernels by
+    them, so a kernel compiled for one width is never loaded where the other applies."""
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        from numba.core.codegen import get_host_cpu_features  # numba's own view: NUMBA_ENABLE_AVX=0 too
+
+        features = get_host_cpu_features()
+    return 64 if "+avx512f" in features.split(",") else 32
+
+
+# VECTOR_BYTES / itemsize numbers per vector, two vectors per row: NR = 16 float32 or 8 float64 on
+# AVX2, 32 or 16 on AVX-512; and MR rows, as many as the registers hold (see step 1).
+VECTOR_BYTES = _vector_bytes()
+MR = 12 if VECTOR_BYTES == 64 else 6  # rows of the register block
 
 
 def _byte_address(builder, array, i, j):
