@@ -578,6 +578,19 @@ def _microkernel(typingctx, kc, a, ai, ak, rows, b, bk, bj, c, ci, cj, accumulat
         zero = ir.Constant(vtype, [ir.Constant(ftype, 0.0)] * lanes)
         sums = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(MR)]
         splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        # The block of C is written only after the loop; asking for its lines now (`llvm.prefetch`)
+        # lets the cache fetch them while the loop runs, instead of stalling the stores at the end
+        # on lines that a fresh result array does not have in cache. A product of 2048 x 128 by
+        # 128 x 512 into a result not in cache, one thread: 2.44 ms without, 1.98 with (NumPy's
+        # BLAS 1.87; 1.5 into a result in cache); a prefetch for writing gained less (2.19).
+        i8p = ir.IntType(8).as_pointer()
+        i32 = lambda v: ir.Constant(ir.IntType(32), v)  # noqa: E731
+        prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+                                                  "llvm.prefetch.p0i8")
+        for i in range(MR):
+            row = _byte_address(builder, C, builder.add(ci, const(i)), cj)
+            for offset in (0, 2 * VECTOR_BYTES - 1):  # the first and the last byte of the row's two vectors
+                builder.call(prefetch, [builder.gep(row, [const(offset)]), i32(0), i32(3), i32(1)])
         with cgutils.for_range(builder, kc) as loop:
             b_row = builder.bitcast(builder.gep(b_start, [builder.mul(loop.index, b_step)]), vtype.as_pointer())
             b_vectors = [builder.load(builder.gep(b_row, [const(h)]), align=1) for h in range(2)]
