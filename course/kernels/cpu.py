@@ -585,8 +585,9 @@ def _microkernel(typingctx, kc, a, ai, ak, rows, b, bk, bj, c, ci, cj, accumulat
         # BLAS 1.87; 1.5 into a result in cache); a prefetch for writing gained less (2.19).
         i8p = ir.IntType(8).as_pointer()
         i32 = lambda v: ir.Constant(ir.IntType(32), v)  # noqa: E731
-        prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
-                                                  "llvm.prefetch.p0i8")
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3), "llvm.prefetch.p0i8")
+        # (address, 0: for reading, 3: keep in every cache level, 1: data)
         for i in range(MR):
             row = _byte_address(builder, C, builder.add(ci, const(i)), cj)
             for offset in (0, 2 * VECTOR_BYTES - 1):  # the first and the last byte of the row's two vectors
