@@ -254,6 +254,24 @@ def test_thread_count_follows_omp_num_threads_unless_numba_num_threads_is_set(mo
     assert cpu.threads() == numba.get_num_threads()
 
 
+def test_the_kernels_leave_numba_s_own_thread_pool_unstarted():
+    # numba's pool runs on OpenMP by default, which PyTorch shares: started, it slows PyTorch down.
+    code = """
+import numpy as np, numba
+from numba.np.ufunc import parallel
+from course.kernels import cpu
+a = np.ones((300, 300), np.float32)
+assert np.allclose(cpu.matmul(a, a), 300)  # shared between threads where there are two
+assert cpu.threads() == numba.config.NUMBA_NUM_THREADS and not parallel._is_initialized
+numba.set_num_threads(1)  # the learner's own choice starts the pool, and counts
+assert cpu.threads() == 1
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("work", [0, 1 << 40])  # every call parallel, every call on one thread
 def test_parallel_and_serial_loops_agree_and_leave_the_thread_count_alone(rng, monkeypatch, work):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

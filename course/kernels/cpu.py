@@ -53,12 +53,24 @@ PARALLEL_WORK = 1 << 21
 
 def threads():
     """The threads a parallel loop may use: numba's count, capped by OMP_NUM_THREADS unless
-    NUMBA_NUM_THREADS is set (`OMP_NUM_THREADS=1` asks every library for one thread)."""
-    n = numba.get_num_threads()
+    NUMBA_NUM_THREADS is set (`OMP_NUM_THREADS=1` asks every library for one thread).
+
+    numba's count is read without starting numba's own pool of threads, which the kernels here
+    never run on (`_share` has its own): `numba.get_num_threads()` starts it, on OpenMP by default,
+    the runtime that PyTorch's CPU operations run on, and with it started PyTorch's GPT step took
+    1.7x as long in the same process. Until something starts the pool (`numba.set_num_threads`
+    does), its count is numba's configured one."""
+    n = numba.get_num_threads() if _numba_pool_started() else numba.config.NUMBA_NUM_THREADS
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if "NUMBA_NUM_THREADS" not in os.environ and omp.isdigit() and int(omp) > 0:
         n = min(n, int(omp))
     return n
+
+
+def _numba_pool_started():
+    from numba.np.ufunc import parallel
+
+    return getattr(parallel, "_is_initialized", True)  # numba's own flag; if it is gone, ask numba
 
 
 class _ArraysApart(compiler.Compiler):
