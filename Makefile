@@ -73,7 +73,7 @@ grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=gr
 bench: setup ## time each engine alone against its reference and print a table (ROWS="gpt matmul")
 	$(BIN)/python -m benchmarks $(ROWS)
 
-doctor: setup ## print versions, whether graphviz, a GPU and NVVM are there, numba-cuda and its bindings
+doctor: setup ## print versions, whether graphviz, a GPU and NVVM are there, numba-cuda and its bindings, the CPU kernels' register block
 	$(BIN)/python -m course doctor
 
 colab: setup ## point badges and install cells at a fork: make colab REPO=owner/name

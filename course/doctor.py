@@ -62,6 +62,18 @@ def _numba_cuda_version():
         return "not installed (numba's own numba.cuda is used)"
 
 
+def cpu_report():
+    """The register block of the CPU kernels' matrix product: it follows the vector registers of the
+    CPU numba compiles for (lesson 6.5, section 5)."""
+    try:
+        from .kernels import cpu
+    except Exception as err:  # numba missing or broken
+        return f"unavailable ({type(err).__name__}: {err})"
+    isa = "AVX-512" if cpu.VECTOR_BYTES == 64 else "AVX2 or narrower"
+    return (f"matmul register block {cpu.MR} x {2 * cpu.VECTOR_BYTES // 4} float32, "
+            f"{8 * cpu.VECTOR_BYTES}-bit vectors ({isa}); {cpu.threads()} threads")
+
+
 def main():
     print(f"python         {platform.python_version()} ({sys.executable})")
     for name in ("numpy", "numba", "matplotlib", "graphviz", "tqdm", "threadpoolctl", "jupyterlab",
@@ -91,3 +103,6 @@ def main():
     if lines:
         nvvm = "yes: kernels compile to PTX for real GPUs (sm_75, sm_90)" if lines[3] == "yes" else f"no: {lines[3]}"
         print(f"NVVM           {nvvm}")
+    # Imported only now: `course.kernels` chooses the GPU or the simulator when it is imported, and
+    # the probe above asked a fresh process what it chooses.
+    print(f"CPU kernels    {cpu_report()}")

@@ -23,6 +23,9 @@ def test_doctor_reports_versions_graphviz_and_the_gpu():
     assert cuda and "through" in cuda[0] and "bindings" in cuda[0], lines
     nvvm = [line for line in lines if line.startswith("NVVM")]
     assert nvvm and nvvm[0].split()[1] in ("yes:", "no:"), lines
+    # the CPU kernels' register block, which follows the CPU's vector registers
+    block = [line for line in lines if line.startswith("CPU kernels")]
+    assert block and ("12 x 32 float32, 512-bit" in block[0] or "6 x 16 float32, 256-bit" in block[0]), lines
 
 
 def test_help_lists_the_commands():
