@@ -70,7 +70,7 @@ def cpu_report():
     except Exception as err:  # numba missing or broken
         return f"unavailable ({type(err).__name__}: {err})"
     isa = "AVX-512" if cpu.VECTOR_BYTES == 64 else "AVX2 or narrower"
-    return (f"matmul register block {cpu.MR} x {2 * cpu.VECTOR_BYTES // 4} float32, "
+    return (f"matmul register block {cpu.MR} x {cpu._panel_width(4)} float32, "
             f"{8 * cpu.VECTOR_BYTES}-bit vectors ({isa}); {cpu.threads()} threads")
 
 

@@ -36,7 +36,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils, compiler
 from numba.core.imputils import impl_ret_borrowed
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
+from numba.np.ufunc import parallel as _numba_parallel  # whether numba's own thread pool has started
 
 from .launch import count
 
@@ -68,9 +69,7 @@ def threads():
 
 
 def _numba_pool_started():
-    from numba.np.ufunc import parallel
-
-    return getattr(parallel, "_is_initialized", True)  # numba's own flag; if it is gone, ask numba
+    return getattr(_numba_parallel, "_is_initialized", True)  # numba's own flag; if it is gone, ask numba
 
 
 class _ArraysApart(compiler.Compiler):
@@ -552,6 +551,12 @@ VECTOR_BYTES = _vector_bytes()
 MR = 12 if VECTOR_BYTES == 64 else 6  # rows of the register block
 
 
+@register_jitable  # a plain function in Python, and compiled where kernels call it
+def _panel_width(itemsize):
+    """NR: the columns of the register block (and of a panel of B), two vectors of numbers this size."""
+    return 2 * VECTOR_BYTES // itemsize
+
+
 def _byte_address(builder, array, i, j):
     """The address of array[i, j] as a byte pointer, through the array's strides (any layout)."""
     s0, s1 = cgutils.unpack_tuple(builder, array.strides, 2)
@@ -741,7 +746,7 @@ def _row_into_panels(line, bp, k, n):
     out from the dtype, so it is a constant where the function compiles, and the copy of a panel's
     row (two vectors) is unrolled code rather than a loop of unknown length: packing a 2048 x 512
     float32 B took 1.5 ms that way, 0.3 ms this way."""
-    nr = 2 * VECTOR_BYTES // bp.itemsize
+    nr = _panel_width(bp.itemsize)
     full = n // nr
     for q in range(full):
         for s in range(nr):
@@ -796,7 +801,7 @@ def _gemm(A, B, C, mc, nc, pack_a, pack_b, job0, job1):
     of jobs; block of k by block of k, the thread packs the block of B its next jobs need, once."""
     heads, M, K = A.shape[1], A.shape[2], A.shape[3]
     N = B.shape[3]
-    nr = 2 * VECTOR_BYTES // C.itemsize
+    nr = _panel_width(C.itemsize)
     row_blocks, col_blocks = (M + mc - 1) // mc, (N + nc - 1) // nc
     for k0 in range(0, K, KC):
         kc = min(KC, K - k0)
@@ -895,7 +900,7 @@ def _product(a, b, packs=None, out=None):
         raise ValueError(f"cpu._product: an output of {out.ndim} axes must be C-ordered, not strides {out.strides}")
     a4, b4, out4 = _four(a), _four(b), _four(out)  # views where the strides allow
     batch = a4.shape[0] * a4.shape[1]
-    mc, nc = _blocks(batch, m, n, n_threads, 2 * VECTOR_BYTES // a.itemsize)
+    mc, nc = _blocks(batch, m, n, n_threads, _panel_width(a.itemsize))
     jobs = batch * -(-m // mc) * -(-n // nc)
     pack_a, pack_b = _packs(m, n, a4, b4)
     if packs is not None:

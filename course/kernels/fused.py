@@ -105,7 +105,7 @@ def _attention_forward(q, k, v, scale, causal, out, lse, job0, job1):
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q  # query i sits at position offset + i
     tiles = (t_q + BLOCK_Q - 1) // BLOCK_Q
-    nr = 2 * cpu.VECTOR_BYTES // q.itemsize
+    nr = cpu._panel_width(q.itemsize)
     d_vp = _panels(d_v, nr)
     kt = np.zeros((d_k, BLOCK_K), dtype=q.dtype)  # the key tile, transposed
     vp = np.zeros((BLOCK_K, d_vp), dtype=q.dtype)  # the value tile, rows padded with zeros
@@ -175,7 +175,7 @@ def _attention_backward(q, k, v, out, dout, lse, scale, causal, dq, dk, dv, job0
     n_bh, t_q, d_k = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     offset = t_k - t_q
-    nr = 2 * cpu.VECTOR_BYTES // q.itemsize
+    nr = cpu._panel_width(q.itemsize)
     d_kp, d_vp = _panels(d_k, nr), _panels(d_v, nr)
     kt = np.zeros((d_k, BLOCK_K), dtype=q.dtype)  # K's tile transposed, for S = Q K^T
     vt = np.zeros((d_v, BLOCK_K), dtype=q.dtype)  # V's tile transposed, for dP = dO V^T
