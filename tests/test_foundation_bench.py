@@ -97,12 +97,13 @@ def test_an_unknown_row_is_reported():
     assert out.returncode != 0 and "no row matches no-such-row" in out.stderr
 
 
-def test_the_gpu_profile_says_when_there_is_no_gpu():
+@pytest.mark.parametrize("module", ["benchmarks.profile_gpu", "benchmarks.matmul_steps"])
+def test_the_gpu_tools_say_when_there_is_no_gpu(module):
     import course.kernels as K
 
     if K.backend() == "gpu":
-        pytest.skip("a GPU is here: the profile runs for real (python -m benchmarks.profile_gpu)")
-    out = subprocess.run([sys.executable, "-m", "benchmarks.profile_gpu"], capture_output=True, text=True,
+        pytest.skip(f"a GPU is here: it runs for real (python -m {module})")
+    out = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("skipped: no GPU here"), out.stdout + out.stderr
 

@@ -141,7 +141,55 @@ def choose():
     return ("gpu" if use_gpu else "simulator"), cuda, why
 
 
+def check_alignment(alignment):
+    """The rule numba's GPU compiler applies to `cuda.shared.array(..., alignment=)` and
+    `cuda.local.array(..., alignment=)`: None, or a power of two that is a multiple of 8 bytes."""
+    if alignment is None:
+        return
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment % 8:
+        raise ValueError(f"alignment={alignment!r}: an array's alignment must be a power of two number of "
+                         f"bytes that is a multiple of 8 (8, 16, 32, ...)")
+
+
+def _simulator_takes_alignment():
+    """Numba's simulator refuses `alignment=` ("not supported in cudasim"), so a kernel that asks
+    for 16-byte aligned tiles (to let the compiler load 4 floats at once) would run on a GPU and
+    fail here. The simulator has no addresses to align: check the value as the GPU's compiler
+    would, then ignore it. A shared array is one per line of the kernel, whichever thread asks (the
+    simulator keys it by the caller's file and line), so the replacement finds the caller itself:
+    a wrapper around the original would make every shared array the wrapper's one."""
+    import numpy as np
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    shared, local = kernelapi.FakeCUDAShared.array, kernelapi.FakeCUDALocal.array
+    if getattr(shared, "takes_alignment", False):
+        return
+
+    def shared_array(self, shape, dtype, alignment=None):
+        check_alignment(alignment)
+        if shape == 0:  # dynamic shared memory: one buffer for the whole block
+            return shared(self, shape, dtype)
+        caller = sys._getframe(1)
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        if where not in self._allocations:
+            numpy_dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+            self._allocations[where] = np.empty(shape, numpy_dtype)
+        return self._allocations[where]
+
+    def local_array(self, shape, dtype, alignment=None):
+        check_alignment(alignment)
+        return local(self, shape, dtype)
+
+    shared_array.takes_alignment = True
+    kernelapi.FakeCUDAShared.array = shared_array
+    kernelapi.FakeCUDALocal.array = local_array
+
+
 BACKEND, cuda, REASON = choose()
+if BACKEND == "simulator":
+    _simulator_takes_alignment()
 
 if BACKEND == "gpu":
     # The lessons launch deliberately small grids and pass NumPy arrays: on a real GPU numba would

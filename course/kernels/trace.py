@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from greenlet import greenlet
 
+from ._backend import check_alignment
 from .launch import check_launch, kernel_name
 
 Dim3 = namedtuple("Dim3", "x y z")
@@ -308,9 +309,10 @@ def _numpy_dtype(dtype):
         return as_dtype(dtype)
 
 
-def _local_array(shape, dtype):
+def _local_array(shape, dtype, alignment=None):
     """A thread's cuda.local.array. On a GPU it starts with whatever that memory held: here a
     float array starts as nan, so that a kernel that reads a slot before writing it shows nan."""
+    check_alignment(alignment)
     return _garbage(shape, dtype)
 
 
@@ -526,7 +528,8 @@ class _Tracer:
         th = self._current
         self.out_of_bounds.append((array.name, index, array._data.shape, th.block, th.thread, kind))
 
-    def _shared_array(self, shape, dtype):
+    def _shared_array(self, shape, dtype, alignment=None):
+        check_alignment(alignment)
         th = self._current
         key = (th.block, th.shared_calls)
         th.shared_calls += 1
@@ -536,7 +539,7 @@ class _Tracer:
             name = self._shared_name(key[1], sys._getframe(1))
             data = _garbage(shape, dtype)
             used = self._shared_used.get(th.block, 0)
-            used += -used % 16  # each array aligned to 16 bytes, as the compiler lays them out
+            used += -used % max(16, alignment or 0)  # at least 16 bytes, as the compiler lays them out
             self._shared_used[th.block] = used + data.nbytes
             self._shared[key] = TracedArray(data, name, self, space="shared", block=th.block, offset=used)
         return self._shared[key]
