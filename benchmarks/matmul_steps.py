@@ -31,7 +31,8 @@ def steps():
         return mm.make_register_kernel(*t, **options), (t.bm, t.bn), block
 
     found = [(f"tiled in shared memory, {mm.TILE} x {mm.TILE} (method \"tiled\")",) + tuple(mm._BATCHED["tiled"]),
-             ("1-D thread tile (method \"thread_tile\")",) + tuple(mm._BATCHED["thread_tile"])]
+             (f"1-D thread tile, {mm.THREAD_TILE[0]} x {mm.THREAD_TILE[1]} blocks, tm = {mm.THREAD_TILE[3]} "
+              f"(method \"thread_tile\")",) + tuple(mm._BATCHED["thread_tile"])]
     found += [(f"2-D, {t.tm} x {t.tn} per thread: {name}",) + register(**options) for name, options in [
         ("contiguous, 4-byte reads (group=None, align=None)", dict(group=None, align=None)),
         ("strided (group=1)", dict(group=1)),
