@@ -358,19 +358,36 @@ def sandbox_problem():
     return None
 
 
+# Where the process that answers the checks finds the course: its source is written there, then
+# deleted once imported; its data files are bound there, read-only.
+SOURCE_ROOT = "/tmp/src"
+
+
+def data_files():
+    """The course package's files that are not code (text, tables, checkpoints), relative to it."""
+    import course
+
+    package = Path(course.__file__).resolve().parent
+    return sorted(p.relative_to(package).as_posix() for p in package.rglob("*")
+                  if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts)
+
 # What a run sees of the machine, read-only: programs, libraries and settings.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix")
 
 
-def _sandbox_command(hide):
+def _sandbox_command(hide, course_source=True):
     """bwrap arguments for one run. It sees the system's programs and libraries, Python and the
     course, all read-only, and nothing else: no home folder, no other submission, not the grader's
     folder (`hide` names those that lie inside what it must see). It gets an empty /tmp of its
-    own, no network and no sight of other processes, and it dies with the grader."""
+    own, no network and no sight of other processes, and it dies with the grader.
+    `course_source=False` (the process that answers a check's calls): not the course's code either,
+    only its data folders, bound where the start-up code writes the grader's copy of the source."""
     import course
 
+    package = Path(course.__file__).resolve().parent
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                                          Path(sys.executable).resolve().parent, Path(course.__file__).parent)}
+                                          Path(sys.executable).resolve().parent)}
+    keep |= {package} if course_source else set()
     keep |= {Path(p).resolve() for p in sys.path if p and "site-packages" in p and Path(p).is_dir()}
 
     def under(a, b):
@@ -392,6 +409,11 @@ def _sandbox_command(hide):
     for h in sorted({Path(h).resolve() for h in hide}, key=lambda p: len(p.parts)):
         if h.is_dir() and any(under(h, k) for k in seen) and not any(h == k or under(k, h) for k in keep):
             args += ["--tmpfs", str(h)]
+    if not course_source:
+        if any(under(package, k) for k in seen):  # installed among the site-packages: out of sight
+            args += ["--tmpfs", str(package)]
+        for name in data_files():
+            args += ["--ro-bind", str(package / name), f"{SOURCE_ROOT}/course/{name}"]
     return args + ["--dir", "/tmp/work", "--chdir", "/tmp/work", "--setenv", "HOME", "/tmp/work", "--"]
 
 
@@ -635,7 +657,7 @@ def runner_main():
     with contextlib.suppress(Exception):
         kernel.stop()
     _stop_all(psutil.Process())
-    report = json.dumps({"status": status[:PEEK], "outcomes": outcomes})
+    report = json.dumps({"status": status[:PEEK], "outcomes": outcomes, "ran": ran})
     os.write(sys.stdout.fileno(), f"\n{RESULT_TAG} {_sign(key, report)} {report}\n".encode())
 
 
@@ -696,6 +718,14 @@ def _check_sources():
     return sources
 
 
+def _sources():
+    """The course's source, read once before any submission runs: the checks for the notebook's
+    kernel, and the whole package for the processes that grade across the sandbox's wall."""
+    from .instructor import remote
+
+    return {"checks": _check_sources(), "course": remote.course_sources()}
+
+
 def _part_sources(sources, part):
     """What the checks of one part load: the package, its core, and the part's modules (part2,
     part2_modules, ...). The kernel compiles all it is given, and every part's checks together
@@ -738,8 +768,9 @@ def _remove(folder):
 
 
 def _run(job, time_limit, sandbox, hide):
-    """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes)."""
-    exercises = job["exercises"]
+    """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes of
+    the exercises checked in its kernel, how many code cells ran)."""
+    exercises = job["inside"]
     key = secrets.token_hex(32)
     tag = RESULT_TAG.encode()
     outcomes = {i: "not run" for i, _ in exercises}
@@ -779,12 +810,13 @@ def _run(job, time_limit, sandbox, hide):
     finally:
         _remove(work)
     if timed_out:
-        return f"timed out after {time_limit:g} s", outcomes
+        return f"timed out after {time_limit:g} s", outcomes, 0
     report = _verified_report(b"".join(out).decode(errors="replace"), key, exercises)
     if report is None:
         tail = b"".join(err).decode(errors="replace").strip().splitlines()[-1:] or [""]
-        return f"the run stopped before grading could check it ({_ending(proc.returncode)}) {tail[0]}".strip(), outcomes
-    return report["status"], report["outcomes"]
+        return (f"the run stopped before grading could check it ({_ending(proc.returncode)}) {tail[0]}".strip(),
+                outcomes, 0)
+    return report["status"], report["outcomes"], report["ran"]
 
 
 def _ending(code):
@@ -802,8 +834,10 @@ def _verified_report(text, key, exercises):
         if len(parts) == 3 and parts[0] == RESULT_TAG and hmac.compare_digest(parts[1], _sign(key, parts[2])):
             report = json.loads(parts[2])
             outcomes = report.get("outcomes", {})
-            if sorted(outcomes) == sorted(ids) and all(v in OUTCOMES for v in outcomes.values()):
-                return {"status": str(report.get("status"))[:PEEK], "outcomes": outcomes}
+            ran = report.get("ran")
+            if (sorted(outcomes) == sorted(ids) and all(v in OUTCOMES for v in outcomes.values())
+                    and type(ran) is int):
+                return {"status": str(report.get("status"))[:PEEK], "outcomes": outcomes, "ran": ran}
     return None
 
 
@@ -869,7 +903,27 @@ def _prepare(path, data, lessons, lesson=None):
     job["review"] = review_notes(nb, handed_out)
     job["cells"] = [c.source for c in _code_cells(nb)]
     job["exercise_cells"] = exercise_cells(nb, exercises)
+    job["inside"], job["across"] = _where_checked(exercises)
     return job
+
+
+def _where_checked(exercises):
+    """([(id, name)] checked in the notebook's kernel, [(id, name, names to remove)] checked across
+    the sandbox's wall), from the checks as the grader loaded them."""
+    from course.exercises import _core
+
+    inside, across = [], []
+    for exercise_id, name in exercises:
+        try:
+            entry = _core.entry(exercise_id)
+        except KeyError:
+            inside.append((exercise_id, name))  # no check: the kernel reports it as the notebook has it
+            continue
+        if entry.inside:
+            inside.append((exercise_id, name))
+        else:
+            across.append((exercise_id, name, entry.forbid))
+    return inside, across
 
 
 def _read(path):
@@ -912,14 +966,36 @@ def grade_one(path, time_limit=300, lesson=None, sandbox=True, memory=MEMORY_GIB
     use_sandbox = sandbox and sandbox_problem() is None
     with _undumpable():
         return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()},
-                          sources=_check_sources(), memory=memory)
+                          sources=_sources(), memory=memory)
 
 
 def _grade_job(job, time_limit, sandbox, hide, sources, memory):
     outcomes = {i: "not run" for i, _ in job["exercises"]}
     if "problem" in job:
         return printable(job["problem"])[:PEEK], outcomes
-    status, outcomes = _run({**job, "sources": sources, "memory": memory}, time_limit, sandbox, hide)
+    status, inside, ran = _run({**job, "sources": sources["checks"], "memory": memory}, time_limit, sandbox, hide)
+    outcomes.update(inside)
+    # The other exercises: those whose own cell ran, answered by the learner's code in the sandbox
+    # and checked outside it.
+    cells = job["exercise_cells"]
+    if ran == len(job["cells"]):
+        outcomes.update({i: "not attempted" for i, _, _ in job["across"] if cells.get(i) is None})
+    ready = [(i, name, strip) for i, name, strip in job["across"] if cells.get(i) is not None and cells[i] < ran]
+    if ready and not status.startswith("timed out"):
+        from .instructor import remote
+
+        work = tempfile.mkdtemp(prefix="grade-")
+        try:
+            os.mkdir(f"{work}/.tmp")
+            env = _clean_env(work)
+            if sandbox:
+                env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+            results = remote.grade_across(job, ready, sources=sources["course"], env=env, work=work,
+                                          sandbox_command=_sandbox_command(hide, course_source=False) if sandbox
+                                          else None, time_limit=time_limit, stop=_stop_everything)
+        finally:
+            _remove(work)
+        outcomes.update({i: outcome for i, (outcome, _) in results.items()})
     status = printable(" ".join(status.split()))[:PEEK]  # one line, however long the error message was
     if job["review"]:
         more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
@@ -939,7 +1015,7 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
 
     paths = [Path(p) for p in paths]
     copies = [_read(p) for p in paths]
-    sources = _check_sources()  # once, before any submission runs
+    sources = _sources()  # once, before any submission runs
     lessons = lesson_notebooks() if lesson is None else []
     submissions = [_prepare(p, data, lessons, lesson) for p, data in zip(paths, copies)]
     ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))

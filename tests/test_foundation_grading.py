@@ -235,9 +235,9 @@ def test_a_submission_is_matched_to_its_lesson_by_name_or_by_the_ids_it_checks()
 
 def test_only_a_signed_report_with_the_lessons_ids_counts():
     exercises = [("1.1.1", "f"), ("1.1.2", "g")]
-    good = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}'
-    extra = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "passed", "1.1.9": "passed"}}'
-    odd = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "excellent"}}'
+    good = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}, "ran": 3}'
+    extra = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "passed", "1.1.9": "passed"}, "ran": 3}'
+    odd = '{"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "excellent"}, "ran": 3}'
 
     def line(payload, key="k"):
         return f"{grading.RESULT_TAG} {grading._sign(key, payload)} {payload}"
@@ -246,7 +246,7 @@ def test_only_a_signed_report_with_the_lessons_ids_counts():
     assert grading._verified_report(junk, "k", exercises) is None
     assert grading._verified_report(line(extra) + "\n" + line(odd), "k", exercises) is None
     report = grading._verified_report(junk + "\n" + line(good), "k", exercises)
-    assert report == {"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}}
+    assert report == {"status": "ok", "outcomes": {"1.1.1": "passed", "1.1.2": "failed"}, "ran": 3}
 
 
 @pytest.mark.parametrize("lesson", notebooks.lesson_paths(ROOT, "notebooks"), ids=lambda p: p.stem)

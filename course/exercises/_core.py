@@ -62,10 +62,11 @@ class _Exercise:
     answer_hint: str = ""
     forbid: tuple = ()
     task: str = ""
+    inside: bool = False
     failures: int = field(default=0)
 
 
-def exercise(exercise_id, hint="", answer_hint="", forbid=(), task=""):
+def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=False):
     """Register a check: `fn(candidate, rng)` calls the candidate and raises CheckFailed on a mistake.
 
     `rng` is a NumPy generator seeded from the id, so random inputs are the same every run.
@@ -73,13 +74,15 @@ def exercise(exercise_id, hint="", answer_hint="", forbid=(), task=""):
     ANSWER_AFTER-th failure of the same exercise on. `forbid` names the library functions, classes
     or methods that the exercise asks the learner to write ("course.optim.warmup_cosine",
     "course.tensor.Tensor.backward"): while the check runs they are `unavailable`, and `task` says
-    what to do instead ("compute the gradient by hand").
+    what to do instead ("compute the gradient by hand"). `inside=True`: the check observes the
+    call from within the learner's process (a kernel's traced memory accesses, peak memory, copies
+    to the device), so grading runs it there rather than across the sandbox's wall.
     """
 
     def register(fn):
         if exercise_id in _CHECKS:
             raise ValueError(f"exercise {exercise_id} is registered twice")
-        _CHECKS[exercise_id] = _Exercise(fn, hint, answer_hint, tuple(forbid), task)
+        _CHECKS[exercise_id] = _Exercise(fn, hint, answer_hint, tuple(forbid), task, inside)
         return fn
 
     return register
@@ -399,35 +402,51 @@ def registered_ids():
     return sorted(_CHECKS, key=lambda s: [int(p) if p.isdigit() else p for p in s.split(".")])
 
 
+def entry(exercise_id):
+    """The registered check of an exercise (loading its part), or a KeyError naming the id."""
+    found = _load_part(str(exercise_id))
+    if found is None:
+        raise KeyError(f"there is no exercise {exercise_id!r}: look at the id in the cell")
+    return found
+
+
 def check(exercise_id, candidate):
     """Check the learner's `candidate` for an exercise; print one line and return a CheckResult."""
-    entry = _load_part(str(exercise_id))
-    if entry is None:
-        raise KeyError(f"there is no exercise {exercise_id!r}: look at the id in the cell")
+    result = run(exercise_id, candidate, gate=True)
+    print(result.message)
+    return result
+
+
+def run(exercise_id, candidate, gate=True):
+    """The CheckResult of one exercise, printing nothing. `gate=False` is for a candidate that lives
+    in another process (grading), where the library functions it must not call do not exist."""
+    entry_ = entry(exercise_id)
     global _last_returned
     seed = zlib.crc32(exercise_id.encode())
     rng = np.random.default_rng(seed if _FRESH is None else [_FRESH, seed])
     _last_returned = _NOTHING
     try:
-        namespaces = [getattr(inspect.unwrap(candidate), "__globals__", None)]
-        with unavailable(*entry.forbid, task=entry.task, namespaces=namespaces) as originals:
-            library = _library_path(candidate, originals)
-            if library:
-                raise CheckFailed(f"you passed {library}, the library's own function: write this yourself, the "
-                                  f"exercise asks you to {entry.task or 'write it'}")
-            entry.fn(candidate, rng)
+        if not gate:
+            entry_.fn(candidate, rng)
+        else:
+            namespaces = [getattr(inspect.unwrap(candidate), "__globals__", None)]
+            with unavailable(*entry_.forbid, task=entry_.task, namespaces=namespaces) as originals:
+                library = _library_path(candidate, originals)
+                if library:
+                    raise CheckFailed(f"you passed {library}, the library's own function: write this yourself, "
+                                      f"the exercise asks you to {entry_.task or 'write it'}")
+                entry_.fn(candidate, rng)
     except (_NotAttempted, NotImplementedError):
         result = CheckResult(exercise_id, "not attempted",
                              f"[{exercise_id}] not attempted yet: replace `raise NotImplementedError` "
                              f"with your code and run the cell again.")
     except CheckFailed as failure:
-        result = _failed(exercise_id, entry, str(failure))
+        result = _failed(exercise_id, entry_, str(failure))
     except Exception as err:  # the check tripped over what the learner's function returned
         if os.environ.get(DEBUG_ENV):
             raise
-        result = _failed(exercise_id, entry, _could_not_use(err))
+        result = _failed(exercise_id, entry_, _could_not_use(err))
     else:
-        entry.failures = 0
+        entry_.failures = 0
         result = CheckResult(exercise_id, "passed", f"[{exercise_id}] passed.")
-    print(result.message)
     return result

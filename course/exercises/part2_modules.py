@@ -12,7 +12,7 @@ def _forward_of(layers, x):
     return x
 
 
-@exercise("2.2.5", hint="a Module finds parameters only in attributes that hold a Parameter or a Module; "
+@exercise("2.2.5", inside=True, hint="a Module finds parameters only in attributes that hold a Parameter or a Module; "
                         "forward hands x to the layers in the order they were given",
           answer_hint="after super().__init__(), store layer i with setattr(self, str(i), layer); in forward, "
                       "loop over self.named_children() and pass x through each",

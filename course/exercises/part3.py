@@ -55,7 +55,7 @@ def _(candidate, rng):
                 expect(pos[i] < pos[n], f"'{n.name}' comes before its input '{i.name}' on {on}")
 
 
-@exercise("3.1.2", hint="a placeholder for the batch (its number of rows unknown), Variables for the weights "
+@exercise("3.1.2", inside=True, hint="a placeholder for the batch (its number of rows unknown), Variables for the weights "
                         "and the bias, and the sigmoid of the affine map, all in the default graph",
           answer_hint="x = tf.placeholder((None, n_features)), w a Variable of shape (n_features, 1), b a "
                       "Variable of shape (1,), p = tf.sigmoid(x @ w + b)")
@@ -160,7 +160,7 @@ def _(candidate, rng):
         expect_close(got, want, on=on, what="reduced gradient")
 
 
-@exercise("3.2.3", hint="the derivative of tanh can be written with its output y alone; chain it with the "
+@exercise("3.2.3", inside=True, hint="the derivative of tanh can be written with its output y alone; chain it with the "
                         "incoming gradient g, building nodes",
           answer_hint="g * (1 - y * y)", forbid=["course.minitf.gradients"],
           task="build the gradient from the nodes y and g")

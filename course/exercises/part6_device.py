@@ -95,7 +95,7 @@ def _zip_reference(a_buf, a_off, a_str, b_buf, b_off, b_str, shape):
     return out.ravel()
 
 
-@exercise("6.6.1", hint="out is contiguous: element i of out has one index per axis, and the last axis "
+@exercise("6.6.1", inside=True, hint="out is contiguous: element i of out has one index per axis, and the last axis "
                         "varies fastest; each operand's element for that index lies at its offset plus "
                         "the sum of index * stride over the axes (a stride of 0 repeats the operand along "
                         "that axis). The grid may have fewer threads than out has elements")
@@ -192,7 +192,7 @@ def _positions(idx, token):
     return [int(p) for p in np.flatnonzero(idx == token)]
 
 
-@exercise("6.6.2", hint="several positions of idx can hold the same token: then several threads add into "
+@exercise("6.6.2", inside=True, hint="several positions of idx can hold the same token: then several threads add into "
                         "the same element of grad_table. A read, an addition and a write by one thread can "
                         "interleave with another thread's, and an update is lost: the addition must be one "
                         "indivisible step (see 6.2.4)")
@@ -294,7 +294,7 @@ def _sum_reference(a_buf, a_off, a_str, shape, axis):
     return out.ravel()
 
 
-@exercise("6.6.3", hint="one thread per number of out, each adding up its own line of a in a local "
+@exercise("6.6.3", inside=True, hint="one thread per number of out, each adding up its own line of a in a local "
                         "variable: out has a's shape with the summed axis of length 1, so its index i "
                         "gives one index per other axis (the last axis fastest); the numbers to add lie "
                         "at a_offset + the sum of index * stride, plus k * a_strides[axis] for k along "
@@ -369,7 +369,7 @@ def _number(got, on):
     raise CheckFailed(f"expected a number, got {type(got).__name__} on {on}")
 
 
-@exercise("6.6.4", hint="the squares of every gradient, summed, then the square root: keep all of that on the "
+@exercise("6.6.4", inside=True, hint="the squares of every gradient, summed, then the square root: keep all of that on the "
                         "device (a gradient there answers *, .sum() and np.sqrt like a NumPy array), and copy "
                         "only the final number to the host. A parameter whose gradient is None counts for nothing",
           forbid=["course.optim.clip_grad_norm_"], task="add up the squares of the gradients yourself")

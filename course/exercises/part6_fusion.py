@@ -130,7 +130,7 @@ def _ref_attention(q, k, v, causal):
     return (w / w.sum(axis=1, keepdims=True)) @ v
 
 
-@exercise("6.5.3",
+@exercise("6.5.3", inside=True,
           hint="for each tile of queries: m = -inf, l = 0, acc = 0 per row; for each tile of keys, score it, mask "
                "what lies in the future (inside the tile too), fold it in with the online update; then acc / l",
           answer_hint="for i0 in range(0, T, block): for j0 in range(0, T, block): s = q[i0:i1] @ k[j0:j1].T / "

@@ -1,0 +1,201 @@
+"""Grading across the sandbox's wall: the grader's half.
+
+For each submission the grader starts two processes and joins them with one pair of pipes per
+exercise:
+- the answerer (`answerer.py`), inside the sandbox, with the learner's code and only the library
+  the exercise gives;
+- the checker (`checker.py`), outside it, with the checks: it draws the inputs, calls the
+  learner's function through the pipe, and tells the grader the verdicts on its own stdout.
+Both start from `BOOT`, which writes the course's source as the grader read it before any
+submission ran into a folder of their own: a submission that changed the files on disk changes
+nothing here.
+"""
+
+import ast
+import json
+import os
+import secrets
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from . import wire
+
+# The start-up code of both processes (`python -I -c BOOT`): read the job, write the course's
+# source, run the named module's main(job, root).
+BOOT = r"""
+import importlib, json, os, struct, sys, tempfile
+def read(n):
+    parts = []
+    while n:
+        part = os.read(0, min(n, 1 << 20))
+        if not part:
+            raise SystemExit("no job")
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+job = json.loads(read(struct.unpack("<Q", read(8))[0]))
+os.close(0)
+root = job.pop("root") or tempfile.mkdtemp(prefix="course-")
+for relative, text in job.pop("sources").items():
+    path = os.path.join(root, relative)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+for relative, target in job.pop("links").items():
+    path = os.path.join(root, relative)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(target, path)
+sys.path.insert(0, root)
+importlib.import_module(job["main"]).main(job, root)
+"""
+
+# What each part's exercises work with, loaded before the learner's code runs (with what the
+# notebook itself imports).
+PART_MODULES = {
+    "1": ["course.micrograd"],
+    "2": ["course.tensor", "course.nn", "course.optim", "course.minitf"],
+    "3": ["course.minitf", "course.tensor", "course.nn"],
+    "4": ["course.gpt", "course.tensor", "course.nn", "course.optim", "course.pretrained"],
+    "5": ["course.mamba", "course.tensor", "course.nn", "course.data"],
+    "6": ["course.kernels", "course.kernels.fused", "course.tensor", "course.nn", "course.optim", "course.mamba"],
+}
+NEVER_LOADED = ("course.exercises", "course.grading", "course.instructor", "course.lab", "course.notebooks",
+                "course.doctor", "course.__main__")
+
+
+def course_sources():
+    """{path under the source root: text} of every module of the course package."""
+    import course
+
+    package = Path(course.__file__).resolve().parent
+    return {f"course/{p.relative_to(package).as_posix()}": p.read_text(encoding="utf-8")
+            for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def _blank_magics(source):
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def _definition(node):
+    """Whether a top-level statement defines something (and does no work): an import, a function,
+    a class, or a name bound to a value computed without calling anything."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        return not any(isinstance(n, (ast.Call, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp,
+                                      ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr))
+                       for n in ast.walk(node.value))
+    return False
+
+
+def answer_code(cells, exercise_cell):
+    """The statements the answerer runs for one exercise: the definitions of every code cell, in
+    order, and the exercise's own cell whole (its `check(...)` does nothing there)."""
+    statements = []
+    for n, source in enumerate(cells):
+        source = _blank_magics(source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        if n == exercise_cell:
+            statements.append(source)
+            continue
+        statements += [ast.unparse(node) for node in tree.body if _definition(node)]
+    return statements
+
+
+def preload(cells, part, sources):
+    """The modules the answerer imports before any learner code: the part's and those the notebook
+    imports, each course package with all its modules (a function may import one when called),
+    never the checks or grading."""
+    names = list(PART_MODULES.get(part, []))
+    for source in cells:
+        try:
+            tree = ast.parse(_blank_magics(source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names += [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                          if node.module == "course" or node.module.startswith("course.")]
+    modules = [path[:-3].replace("/", ".").removesuffix(".__init__") for path in sources]
+    for name in list(names):
+        names += [m for m in modules if m.startswith(name + ".")]
+    return [name for name in dict.fromkeys(names)
+            if not any(name == x or name.startswith(x + ".") for x in NEVER_LOADED)]
+
+
+def _start(command, job, fds, env, cwd, stdout):
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.DEVNULL,
+                            pass_fds=fds, env=env, cwd=cwd, start_new_session=True)
+    data = json.dumps(job).encode()
+
+    def feed():
+        try:
+            proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    return proc
+
+
+def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_limit, stop, seconds=60):
+    """{exercise id: (outcome, message)} for `exercises` [(id, name, strip)] of one submission, its
+    learner's code answering in the sandbox (`sandbox_command`, or none) and the checks run here."""
+    if not exercises:
+        return {}
+    answerer_fds, checker_fds, answering, checking = [], [], [], []
+    cells, part = job["cells"], job["part"].rsplit("part", 1)[-1]
+    for exercise_id, name, strip in exercises:
+        to_answerer, from_checker = os.pipe()   # the checker writes, the answerer reads
+        to_checker, from_answerer = os.pipe()
+        answerer_fds += [to_answerer, from_answerer]
+        checker_fds += [to_checker, from_checker]
+        answering.append({"id": exercise_id, "name": name, "strip": list(strip), "seconds": seconds,
+                          "code": answer_code(cells, job["exercise_cells"][exercise_id]),
+                          "fds": [to_answerer, from_answerer]})
+        checking.append({"id": exercise_id, "name": name, "seconds": seconds, "fds": [to_checker, from_checker]})
+    import course
+
+    package = Path(course.__file__).resolve().parent
+    from course.grading import SOURCE_ROOT, data_files
+
+    data = {f"course/{name}": str(package / name) for name in data_files()}
+    links = {} if sandbox_command else data
+    python = [sys.executable, "-I", "-c", BOOT]
+    answerer = checker = None
+    try:
+        answerer = _start((sandbox_command or []) + python,
+                          {"main": "course.instructor.answerer", "root": SOURCE_ROOT if sandbox_command else None,
+                           "sources": sources, "links": links, "preload": preload(cells, part, sources),
+                           "exercises": answering}, answerer_fds, env, work, subprocess.DEVNULL)
+        checker = _start(python, {"main": "course.instructor.checker", "root": None, "sources": sources,
+                                  "links": data,
+                                  "seed": secrets.randbits(64), "exercises": checking},
+                         checker_fds, dict(os.environ), None, subprocess.PIPE)
+        for fd in answerer_fds + checker_fds:
+            os.close(fd)
+        answerer_fds = checker_fds = []
+        try:
+            out, _ = checker.communicate(timeout=time_limit)
+        except subprocess.TimeoutExpired:
+            return {i: ("failed", f"[{i}] failed: grading ran out of time ({time_limit:g} s)") for i, _, _ in exercises}
+        try:
+            report = json.loads(out.decode().strip().splitlines()[-1])
+            return {i: (str(report[i][0]), str(report[i][1])) for i, _, _ in exercises}
+        except (ValueError, KeyError, IndexError, TypeError):
+            return {i: ("failed", f"[{i}] failed: the checks gave no result") for i, _, _ in exercises}
+    finally:
+        for fd in answerer_fds + checker_fds:
+            os.close(fd)
+        for proc in (answerer, checker):
+            if proc is not None:
+                stop(proc)
