@@ -140,7 +140,8 @@ def _(candidate, rng):
                         "need not be the most frequent pair; repeat until no adjacent pair has a merge",
           answer_hint="ids = list(text.encode('utf-8')); while some adjacent pair is in merges: take the present "
                       "pair p with the smallest merges[p] and ids = merge(ids, p, merges[p])",
-          forbid=["course.gpt.BPETokenizer.encode", "course.gpt.BPETokenizer._encode_chunk",
+          forbid=["course.gpt.BPETokenizer.encode", "course.gpt.BPETokenizer._encode_plain",
+                  "course.gpt.BPETokenizer._encode_chunk",
                   "course.gpt.tokenizer._merge"], task="apply the merges")
 def _(candidate, rng):
     from course.gpt import BPETokenizer

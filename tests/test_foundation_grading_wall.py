@@ -1,0 +1,232 @@
+"""Grading where the verdict is out of the submission's reach.
+
+Each forged submission below hands in wrong answers (or answers that call the library function the
+exercise asks the learner to write) together with code that changes whatever a check running in
+the same process relies on: NumPy's comparison reached through aliases or names built at run time,
+a profile hook, a thread, the garbage collector, a signal handler's frame, ctypes, `__name__`, a
+private helper of the library, a working-folder test. Each test first shows that the attack works
+against the checks run in the learner's own process (`check(...)` in a fresh Python, as a kernel
+would run the notebook), so it cannot pass because the attack broke; then grades the forgeries as
+a class and finds that none of them earned a mark.
+"""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course import grading
+from course.instructor import remote, wire
+from handouts import exercise_handout  # tests/handouts.py
+
+pytestmark = [pytest.mark.foundation, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "notebooks" / "1-micrograd" / "1.1-derivatives.ipynb"
+TOKENS = ROOT / "notebooks" / "4-gpt" / "4.1-tokenization.ipynb"
+IDS = grading.exercise_ids(LESSON)
+SANDBOXED = grading.sandbox_problem() is None
+
+# Wrong answers to lesson 1.1, one per exercise: each fails every honest check.
+WRONG = {"1.1.1": "return 0.0", "1.1.2": "return [0.0] * len(xs)", "1.1.3": "return lambda x: 0.0",
+         "1.1.4": "return 0.0"}
+ALWAYS_CLOSE = "lambda *a, **k: True"
+
+# What each attack does before the exercises: change what a check in this process compares with.
+ATTACKS = {
+    "patch-through-an-alias": f'import os\ngetattr(os.sys, "modules")["numpy"].allclose = {ALWAYS_CLOSE}',
+    "patch-by-a-name-built-at-run-time": (
+        "name = ''.join(map(chr, [97, 108, 108, 99, 108, 111, 115, 101]))\n"
+        f"setattr(__import__('numpy'), name, {ALWAYS_CLOSE})"),
+    "profile-hook": (
+        "import sys\n"
+        "def hook(frame, event, arg):\n"
+        "    if event == 'call' and frame.f_code.co_name == '_' and 'expect_close' in frame.f_globals:\n"
+        "        frame.f_globals['expect_close'] = lambda *a, **k: None\n"
+        "sys.setprofile(hook)"),
+    "daemon-thread": (
+        "import threading, time, numpy\n"
+        "def later():\n"
+        "    time.sleep(0.2)\n"
+        f"    numpy.allclose = {ALWAYS_CLOSE}\n"
+        "threading.Thread(target=later, daemon=True).start()\n"
+        "time.sleep(0.5)"),
+    "garbage-collector": (
+        "import gc\n"
+        "def quiet(*args, **kwargs):\n    return None\n"
+        "import course.exercises._core\n"
+        "for obj in gc.get_objects():\n"
+        "    if getattr(obj, '__name__', '') == 'expect_close' and hasattr(obj, '__code__'):\n"
+        "        obj.__code__ = quiet.__code__"),
+    "signal-frame": (
+        "import signal, time, numpy\n"
+        "def handler(number, frame):\n"
+        f"    frame.f_globals['numpy'].allclose = {ALWAYS_CLOSE}\n"
+        "signal.signal(signal.SIGALRM, handler)\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+        "time.sleep(0.2)"),
+    "ctypes-dict-write": (
+        "import ctypes, numpy\n"
+        "ctypes.pythonapi.PyDict_SetItem(ctypes.py_object(vars(numpy)), ctypes.py_object('allclose'),\n"
+        f"                                ctypes.py_object({ALWAYS_CLOSE}))"),
+    "only-when-graded": (
+        "import os\n"
+        "if not os.path.abspath('.').startswith(os.path.expanduser('~/never')):\n"
+        f"    __import__('numpy').allclose = {ALWAYS_CLOSE}"),
+}
+
+
+def _forged(attack):
+    """The lesson's handout with `attack` first and a wrong answer in each exercise cell."""
+    nb = exercise_handout(LESSON)
+    for cell in nb.cells[1:]:
+        exercise_id = cell.source.split('check("')[1].split('"')[0]
+        cell.source = cell.source.replace("raise NotImplementedError  # your code here", WRONG[exercise_id])
+    nb.cells.insert(1, nbformat.v4.new_code_cell(attack))
+    return nb
+
+
+def _by_name(lesson, answers):
+    """A handout whose exercise cells call the library's own function, from a cell that says it is
+    part of the course (`__name__ = "course.homework"`), so that the in-process gate lets it through."""
+    nb = exercise_handout(lesson)
+    nb.cells.insert(1, nbformat.v4.new_code_cell('__name__ = "course.homework"'))
+    for cell in nb.cells[2:]:
+        exercise_id = cell.source.split('check("')[1].split('"')[0]
+        if exercise_id in answers:
+            head = cell.source.split("\n")[0]
+            cell.source = f"{answers[exercise_id][0]}\n{head}\n    {answers[exercise_id][1]}\n\n\ncheck(\"{exercise_id}\", " \
+                          f"{head.split('def ')[1].split('(')[0]})"
+    return nb
+
+
+LIBRARY_ANSWERS = {  # the library's own function called from the learner's answer
+    "1.1.4": ("from course.micrograd import Value",
+              "v = Value(x); loss = (2 * v - 1).tanh() ** 2; loss.backward(); return v.grad"),
+}
+PRIVATE_HELPER = {  # 4.1.4 answered by an unlisted private helper of the tokenizer
+    "4.1.4": ("from course.gpt import BPETokenizer",
+              "t = BPETokenizer(sorted(merges, key=merges.get), pattern=None); "
+              "return t._encode_plain(text)"),
+}
+
+
+def _in_process(nb):
+    """The outcomes of `check(...)` when the notebook's cells run in one Python process, as in a
+    kernel: {exercise id: "passed" | "failed" | ...}."""
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    found = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("[") and "] " in line:
+            exercise_id, rest = line[1:].split("] ", 1)
+            found[exercise_id] = rest.split(":")[0].split(".")[0].split(" yet")[0]
+    return found
+
+
+def _grade_class(tmp_path, notebooks, lesson, sandbox):
+    paths = []
+    for student, nb in notebooks.items():
+        path = tmp_path / "class" / student / lesson.name
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, str(path))
+        paths.append(path)
+    out = tmp_path / "grades.csv"
+    grading.grade(paths, out, time_limit=120, sandbox=sandbox, jobs=2)
+    with open(out, newline="") as f:
+        return {Path(r["notebook"]).parent.name: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_each_attack_forges_a_check_in_the_learners_process(name):
+    outcomes = _in_process(_forged(ATTACKS[name]))
+    assert any(outcomes.get(i) == "passed" for i in IDS), (name, outcomes)
+
+
+def test_the_library_reached_by_name_or_a_private_helper_passes_in_process():
+    assert _in_process(_by_name(LESSON, LIBRARY_ANSWERS)).get("1.1.4") == "passed"
+    assert _in_process(_by_name(TOKENS, PRIVATE_HELPER)).get("4.1.4") == "passed"
+
+
+@pytest.mark.parametrize("sandbox", [True, False] if SANDBOXED else [False])
+def test_no_forged_submission_gets_a_mark(tmp_path, sandbox):
+    notebooks = {name: _forged(attack) for name, attack in ATTACKS.items()}
+    notebooks["library-by-name"] = _by_name(LESSON, LIBRARY_ANSWERS)
+    notebooks["honest"] = nbformat.read(str(ROOT / "solutions" / "1-micrograd" / LESSON.name), as_version=4)
+    rows = _grade_class(tmp_path, notebooks, LESSON, sandbox)
+    for name, row in rows.items():
+        if name == "honest":
+            assert row["status"].startswith("ok") and all(row[i] == "passed" for i in IDS), row
+        elif name == "library-by-name":
+            assert row["1.1.4"] == "failed", row
+        else:
+            assert row["passed"] == "0" and all(row[i] in ("failed", "not run") for i in IDS), (name, row)
+
+
+def test_a_private_helper_of_the_library_gets_no_mark(tmp_path):
+    rows = _grade_class(tmp_path, {"helper": _by_name(TOKENS, PRIVATE_HELPER)}, TOKENS, SANDBOXED)
+    assert rows["helper"]["4.1.4"] == "failed", rows["helper"]
+
+
+# ---- the wire itself ----
+
+def test_nothing_decodes_into_code_the_sender_chose():
+    codec = wire.Codec("a")
+    refused = [["x", [], ["c", "course.kernels.cpu:os.system"]],      # an import of a lesson module
+               ["x", [], ["c", "os:system"]],
+               ["x", [], ["P", "numpy", "save"]],                     # not pure
+               ["x", [], ["B", "eval"]], ["x", [], ["B", "open"]],
+               ["x", [], ["M", "os"]],
+               ["x", [["a1", ["o", "course.grading:Path", []]]], ["r", "a1"]],
+               ["x", [["a1", ["o", "course.micrograd:Value", [["__class__", 1]]]]], ["r", "a1"]],
+               ["x", [], ["h", "a", "ah0"]]]                          # a handle never lent
+    for data in refused:
+        with pytest.raises(wire.WireError):
+            codec.decode(data)
+
+
+def test_a_deep_graph_crosses_without_recursion():
+    from course.micrograd import Value
+
+    x = Value(1.0)
+    y = x
+    for _ in range(100_000):
+        y = y * 1.0
+    sender, receiver = wire.Codec("a"), wire.Codec("b")
+    copy = receiver.decode(sender.encode(y))
+    depth = 0
+    while copy._prev:
+        copy, depth = copy._prev[0], depth + 1
+    assert depth == 100_000 and copy.data == 1.0
+
+
+def test_the_answerer_holds_none_of_what_the_exercise_rebuilds():
+    """In a fresh process: loading the lesson modules, removing the names each check of parts 1-5
+    forbids, and finding every one of them gone from memory."""
+    code = (
+        "import sys\n"
+        "from course.exercises import _core\n"
+        "from course.instructor import answerer, remote\n"
+        "ids = [i for i in _core.registered_ids() if not _core.entry(i).inside]\n"
+        "for m in remote.PART_MODULES['6'] + remote.PART_MODULES['4'] + remote.PART_MODULES['5']"
+        " + remote.PART_MODULES['2'] + ['course.micrograd', 'course.tensor.gradcheck']:\n"
+        "    __import__(m)\n"
+        "bad = []\n"
+        "paths = sorted({p for i in ids for p in _core.entry(i).forbid})\n"
+        "bad = answerer.strip(paths)\n"
+        "print(len(paths), bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    count, problems = out.stdout.split(" ", 1)
+    assert int(count) > 40 and problems.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_definitions_that_answer_an_exercise():
+    cells = ["import numpy as np\nx = np.ones(3)\nTPB = 16\nf = lambda t: t * 2\nmodel = train(3)",
+             "%matplotlib inline\ndef helper(a):\n    return a + 1\nprint(helper(1))",
+             "def answer(x):\n    return helper(x)\n\ncheck('1.1.1', answer)"]
+    code = remote.answer_code(cells, 2)
+    assert code[:4] == ["import numpy as np", "TPB = 16", "f = lambda t: t * 2", "def helper(a):\n    return a + 1"]
+    assert code[4] == cells[2] and len(code) == 5
+    assert not any("train(" in c or "print(" in c for c in code)
