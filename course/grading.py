@@ -8,10 +8,12 @@ Grading does not trust the notebooks it grades:
 - each one runs in a fresh kernel, in a private temporary folder, under a time limit, inside a
   sandbox where the platform has one (bubblewrap on Linux): no network, no other submission, not
   the grader's folder;
-- after the notebook's cells, the grader itself checks every exercise of the handed-out lesson on
-  the learner's functions, with checks loaded afresh from the course's source (not the
-  `course.exercises` that the notebook could have changed), and reads each outcome from a line
-  tagged with a random value that no earlier cell could know;
+- the verdicts are computed out of the submission's reach (course/instructor/): the learner's
+  definitions answer in a sandboxed process from which the library names each exercise rebuilds
+  are gone, and the checks run in another process that calls them through a pipe with plain data;
+  only the checks that watch a kernel from inside (part 6's traced kernels, peak memory, device
+  copies) run in the notebook's kernel after its cells, loaded afresh from the course's source and
+  read from a line tagged with a random value that no earlier cell could know;
 - the runner that drives the kernel signs its report with a key the kernel never sees, so nothing
   the notebook prints or writes can pass for a result: the grader and the runner make themselves
   undumpable (no other process of their user can read their memory or open their files through
@@ -65,7 +67,9 @@ notebook in Colab, where its first cell installs the course.
 
 Hand in the notebooks themselves, keeping their file names. Grading reruns each notebook from
 the top in a fresh kernel, then checks your functions by the names the exercise cells use: keep
-those names, and make sure that "Restart kernel and run all cells" works from the top. Results
+those names, and make sure that "Restart kernel and run all cells" works from the top. Each
+exercise is checked with your notebook's imports, functions, classes and constants and the
+exercise's own cell, but without the library function the exercise asks you to write. Results
 printed in the notebook are not what is graded.
 
 Notebooks in this folder:
