@@ -724,9 +724,20 @@ def _check_sources():
 
 def _sources():
     """The course's source, read once before any submission runs: the checks for the notebook's
-    kernel, and the whole package for the processes that grade across the sandbox's wall."""
+    kernel, and the whole package for the process that answers across the sandbox's wall. The
+    grader also imports every check and every lesson module now, so that none is imported from a
+    disk that a submission might have changed by the time it is needed."""
+    import pkgutil
+
+    from .exercises import _core
     from .instructor import remote
 
+    _core.registered_ids()
+    for name in sorted({m for modules in remote.PART_MODULES.values() for m in modules}):
+        module = importlib.import_module(name)
+        for info in pkgutil.walk_packages(getattr(module, "__path__", []), prefix=name + "."):
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
     return {"checks": _check_sources(), "course": remote.course_sources()}
 
 
@@ -973,33 +984,48 @@ def grade_one(path, time_limit=300, lesson=None, sandbox=True, memory=MEMORY_GIB
                           sources=_sources(), memory=memory)
 
 
+def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
+    """{id: (outcome, message)}: the learner's code answering in a sandboxed process of its own,
+    the checks run in a process outside it (course/instructor/remote.py)."""
+    if not exercises:
+        return {}
+    from .instructor import remote
+
+    work = tempfile.mkdtemp(prefix="grade-")
+    try:
+        os.mkdir(f"{work}/.tmp")
+        env = _clean_env(work)
+        if sandbox:
+            env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+        return remote.grade_across(job, exercises, sources=sources, env=env, work=work,
+                                   sandbox_command=_sandbox_command(hide, course_source=False) if sandbox else None,
+                                   time_limit=time_limit, stop=_stop_everything)
+    finally:
+        _remove(work)
+
+
 def _grade_job(job, time_limit, sandbox, hide, sources, memory):
     outcomes = {i: "not run" for i, _ in job["exercises"]}
     if "problem" in job:
         return printable(job["problem"])[:PEEK], outcomes
-    status, inside, ran = _run({**job, "sources": sources["checks"], "memory": memory}, time_limit, sandbox, hide)
-    outcomes.update(inside)
-    # The other exercises: those whose own cell ran, answered by the learner's code in the sandbox
-    # and checked outside it.
+    # The exercises checked across the wall are answered while the notebook runs (for its status
+    # and the checks that stay in its kernel); only those whose own cell ran then count.
     cells = job["exercise_cells"]
+    answered = [(i, name, strip) for i, name, strip in job["across"] if cells.get(i) is not None]
+    across = {}
+    worker = threading.Thread(target=lambda: across.update(
+        _grade_across(job, answered, time_limit, sandbox, hide, sources["course"])), daemon=True)
+    worker.start()
+    try:
+        status, inside, ran = _run({**job, "sources": sources["checks"], "memory": memory}, time_limit, sandbox,
+                                   hide)
+    finally:
+        worker.join()
+    outcomes.update(inside)
     if ran == len(job["cells"]):
         outcomes.update({i: "not attempted" for i, _, _ in job["across"] if cells.get(i) is None})
-    ready = [(i, name, strip) for i, name, strip in job["across"] if cells.get(i) is not None and cells[i] < ran]
-    if ready and not status.startswith("timed out"):
-        from .instructor import remote
-
-        work = tempfile.mkdtemp(prefix="grade-")
-        try:
-            os.mkdir(f"{work}/.tmp")
-            env = _clean_env(work)
-            if sandbox:
-                env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
-            results = remote.grade_across(job, ready, sources=sources["course"], env=env, work=work,
-                                          sandbox_command=_sandbox_command(hide, course_source=False) if sandbox
-                                          else None, time_limit=time_limit, stop=_stop_everything)
-        finally:
-            _remove(work)
-        outcomes.update({i: outcome for i, (outcome, _) in results.items()})
+    if not status.startswith("timed out"):
+        outcomes.update({i: outcome for i, (outcome, _) in across.items() if cells[i] < ran})
     status = printable(" ".join(status.split()))[:PEEK]  # one line, however long the error message was
     if job["review"]:
         more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""

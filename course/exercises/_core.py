@@ -7,6 +7,7 @@ import inspect
 import os
 import pkgutil
 import sys
+import threading
 import types
 import zlib
 from dataclasses import dataclass, field
@@ -88,9 +89,10 @@ def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=Fa
     return register
 
 
-# The last value a learner's function returned, to say what it was if the check cannot use it.
+# The last value a learner's function returned, to say what it was if the check cannot use it (one
+# per thread: grading checks several submissions at once).
 _NOTHING = object()
-_last_returned = _NOTHING
+_seen = threading.local()
 
 
 def call(candidate, *args, on="", returns=True, **kwargs):
@@ -99,7 +101,6 @@ def call(candidate, *args, on="", returns=True, **kwargs):
     With `returns=True` (a function that should return something) a None result fails with
     "your function returned None": the usual cause is a forgotten `return`.
     """
-    global _last_returned
     where = f" on {on}" if on else ""
     try:
         got = candidate(*args, **kwargs)
@@ -111,7 +112,7 @@ def call(candidate, *args, on="", returns=True, **kwargs):
         raise CheckFailed(f"your code raised {type(err).__name__}: {err}{where}") from None
     if returns and got is None:
         raise CheckFailed(f"your function returned None{where}: did it forget `return`?")
-    _last_returned = got
+    _seen.returned = got
     return got
 
 
@@ -363,16 +364,17 @@ def _describe(value):
 
 def _could_not_use(err):
     error = f"{type(err).__name__}: {err}"
-    if _last_returned is _NOTHING:
+    returned = getattr(_seen, "returned", _NOTHING)
+    if returned is _NOTHING:
         return f"the check could not run your function ({error})"
-    return (f"your function returned {_describe(_last_returned)}, which the check could not use ({error}): "
+    return (f"your function returned {_describe(returned)}, which the check could not use ({error}): "
             f"return what the exercise asks for")
 
 
-def _failed(exercise_id, entry, text):
-    entry.failures += 1
+def _failed(exercise_id, entry, text, reveal=True):
+    entry.failures += reveal
     hint = entry.hint
-    if entry.answer_hint and (entry.failures >= ANSWER_AFTER or not hint):
+    if reveal and entry.answer_hint and (entry.failures >= ANSWER_AFTER or not hint):
         hint = f"{hint.rstrip('.')}. In full: {entry.answer_hint}" if hint else entry.answer_hint
     tail = f" Hint: {_sentence(hint)}" if hint else ""
     return CheckResult(exercise_id, "failed", f"[{exercise_id}] failed: {_sentence(text)}{tail}")
@@ -417,14 +419,17 @@ def check(exercise_id, candidate):
     return result
 
 
-def run(exercise_id, candidate, gate=True):
-    """The CheckResult of one exercise, printing nothing. `gate=False` is for a candidate that lives
-    in another process (grading), where the library functions it must not call do not exist."""
+def run(exercise_id, candidate, gate=True, fresh=None):
+    """The CheckResult of one exercise, printing nothing.
+
+    Grading passes `gate=False` and a `fresh` seed: the candidate lives in another process, where
+    the library functions it must not call do not exist; the inputs are drawn afresh (answers read
+    off the messages of earlier runs are no use); the hint never grows into the full answer."""
     entry_ = entry(exercise_id)
-    global _last_returned
     seed = zlib.crc32(exercise_id.encode())
-    rng = np.random.default_rng(seed if _FRESH is None else [_FRESH, seed])
-    _last_returned = _NOTHING
+    fresh = _FRESH if fresh is None else fresh
+    rng = np.random.default_rng(seed if fresh is None else [fresh, seed])
+    _seen.returned = _NOTHING
     try:
         if not gate:
             entry_.fn(candidate, rng)
@@ -441,12 +446,12 @@ def run(exercise_id, candidate, gate=True):
                              f"[{exercise_id}] not attempted yet: replace `raise NotImplementedError` "
                              f"with your code and run the cell again.")
     except CheckFailed as failure:
-        result = _failed(exercise_id, entry_, str(failure))
+        result = _failed(exercise_id, entry_, str(failure), reveal=gate)
     except Exception as err:  # the check tripped over what the learner's function returned
         if os.environ.get(DEBUG_ENV):
             raise
-        result = _failed(exercise_id, entry_, _could_not_use(err))
+        result = _failed(exercise_id, entry_, _could_not_use(err), reveal=gate)
     else:
-        entry_.failures = 0
+        entry_.failures = 0 if gate else entry_.failures
         result = CheckResult(exercise_id, "passed", f"[{exercise_id}] passed.")
     return result

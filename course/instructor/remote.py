@@ -1,14 +1,12 @@
 """Grading across the sandbox's wall: the grader's half.
 
-For each submission the grader starts two processes and joins them with one pair of pipes per
-exercise:
-- the answerer (`answerer.py`), inside the sandbox, with the learner's code and only the library
-  the exercise gives;
-- the checker (`checker.py`), outside it, with the checks: it draws the inputs, calls the
-  learner's function through the pipe, and tells the grader the verdicts on its own stdout.
-Both start from `BOOT`, which writes the course's source as the grader read it before any
-submission ran into a folder of their own: a submission that changed the files on disk changes
-nothing here.
+For each submission the grader starts the answerer (`answerer.py`), inside the sandbox, with the
+learner's code and only the library each exercise gives, and joins it to itself with one pair of
+pipes per exercise; the checks run in the grader (`checker.py`), outside the sandbox, on the
+learner's functions through those pipes. The answerer starts from `BOOT`, which writes the
+course's source as the grader read it before any submission ran into a folder of its own: a
+submission that changed the files on disk changes nothing there, and the grader imported its own
+copy of the course and of every check before any submission ran.
 """
 
 import ast
@@ -20,8 +18,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-
-from . import wire
 
 # The start-up code of both processes (`python -I -c BOOT`): read the job, write the course's
 # source, run the named module's main(job, root).
@@ -148,54 +144,50 @@ def _start(command, job, fds, env, cwd, stdout):
 
 
 def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_limit, stop, seconds=60):
-    """{exercise id: (outcome, message)} for `exercises` [(id, name, strip)] of one submission, its
-    learner's code answering in the sandbox (`sandbox_command`, or none) and the checks run here."""
+    """{exercise id: (outcome, message)} for `exercises` [(id, name, strip)] of one submission: its
+    learner's code answering in the sandbox (`sandbox_command`, or none), the checks run here."""
     if not exercises:
         return {}
-    answerer_fds, checker_fds, answering, checking = [], [], [], []
+    import course
+
+    from course.grading import SOURCE_ROOT, data_files
+    from . import checker
+
+    answerer_fds, checking = [], []
     cells, part = job["cells"], job["part"].rsplit("part", 1)[-1]
+    answering = []
     for exercise_id, name, strip in exercises:
         to_answerer, from_checker = os.pipe()   # the checker writes, the answerer reads
         to_checker, from_answerer = os.pipe()
         answerer_fds += [to_answerer, from_answerer]
-        checker_fds += [to_checker, from_checker]
         answering.append({"id": exercise_id, "name": name, "strip": list(strip), "seconds": seconds,
                           "code": answer_code(cells, job["exercise_cells"][exercise_id]),
                           "fds": [to_answerer, from_answerer]})
         checking.append({"id": exercise_id, "name": name, "seconds": seconds, "fds": [to_checker, from_checker]})
-    import course
-
     package = Path(course.__file__).resolve().parent
-    from course.grading import SOURCE_ROOT, data_files
-
-    data = {f"course/{name}": str(package / name) for name in data_files()}
-    links = {} if sandbox_command else data
-    python = [sys.executable, "-I", "-c", BOOT]
-    answerer = checker = None
+    links = {} if sandbox_command else {f"course/{name}": str(package / name) for name in data_files()}
+    answerer = None
+    results = {}
     try:
-        answerer = _start((sandbox_command or []) + python,
+        answerer = _start((sandbox_command or []) + [sys.executable, "-I", "-c", BOOT],
                           {"main": "course.instructor.answerer", "root": SOURCE_ROOT if sandbox_command else None,
                            "sources": sources, "links": links, "preload": preload(cells, part, sources),
                            "exercises": answering}, answerer_fds, env, work, subprocess.DEVNULL)
-        checker = _start(python, {"main": "course.instructor.checker", "root": None, "sources": sources,
-                                  "links": data,
-                                  "seed": secrets.randbits(64), "exercises": checking},
-                         checker_fds, dict(os.environ), None, subprocess.PIPE)
-        for fd in answerer_fds + checker_fds:
+        for fd in answerer_fds:
             os.close(fd)
-        answerer_fds = checker_fds = []
-        try:
-            out, _ = checker.communicate(timeout=time_limit)
-        except subprocess.TimeoutExpired:
-            return {i: ("failed", f"[{i}] failed: grading ran out of time ({time_limit:g} s)") for i, _, _ in exercises}
-        try:
-            report = json.loads(out.decode().strip().splitlines()[-1])
-            return {i: (str(report[i][0]), str(report[i][1])) for i, _, _ in exercises}
-        except (ValueError, KeyError, IndexError, TypeError):
-            return {i: ("failed", f"[{i}] failed: the checks gave no result") for i, _, _ in exercises}
+        answerer_fds = []
+        seed = secrets.randbits(64)  # inputs no earlier run has seen
+        for exercise in checking:
+            results[exercise["id"]] = checker.check_one(exercise, seed)
+        return results
     finally:
-        for fd in answerer_fds + checker_fds:
+        for fd in answerer_fds:
             os.close(fd)
-        for proc in (answerer, checker):
-            if proc is not None:
-                stop(proc)
+        for exercise in checking[len(results):]:  # not reached: an error of ours
+            for fd in exercise["fds"]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if answerer is not None:
+            stop(answerer)

@@ -22,7 +22,6 @@ originals (`Channel.call(..., sync=True)`).
 
 import base64
 import builtins
-import importlib
 import sys
 import io
 import json
@@ -80,7 +79,9 @@ def _lookup(dotted):
     module, _, qualname = dotted.partition(":")
     if not _is_lesson(module):
         raise WireError(f"{module} is not a lesson module")
-    obj = sys.modules.get(module) or importlib.import_module(module)
+    obj = sys.modules.get(module)  # never imported here: only what this side loaded already
+    if obj is None:
+        raise WireError(f"{module} is not loaded")
     for part in qualname.split("."):
         if part.startswith("__") or part == "<locals>":
             raise WireError(f"no plain name {dotted}")
