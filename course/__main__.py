@@ -29,7 +29,10 @@ def main(argv=None):
     p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
     p.add_argument("--lesson", help="the handed-out lesson notebook they all answer (by default, "
                                     "the course's lesson with the submission's file name)")
-    p.add_argument("--no-sandbox", action="store_true", help="do not use bubblewrap even where it works")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="grade without bubblewrap (grading refuses to run where it is missing, unless given this): "
+                        "every submission can then read and write what your user can, stop your processes, and "
+                        "change the grading of the submissions after it. Only for a class you trust")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
     p.add_argument("--memory", type=float, default=8,
                    help="GiB of memory each notebook may use (default 8, 0: no limit)")

@@ -376,7 +376,11 @@ def data_files():
                   if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts)
 
 # What a run sees of the machine, read-only: programs, libraries and settings.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/nix")
+# Of /etc, only what programs and libraries read to start (the dynamic linker's cache, time zone,
+# the user and group names): not the rest, where /etc/shadow is readable to root.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives", "passwd",
+             "group", "nsswitch.conf", "host.conf", "os-release", "mime.types", "matplotlibrc", "fonts")
 
 
 def _sandbox_command(hide, course_source=True):
@@ -406,10 +410,15 @@ def _sandbox_command(hide, course_source=True):
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
+    for name in ETC_FILES:
+        if os.path.lexists(f"/etc/{name}"):
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    # As the unprivileged user "nobody" inside (the files it makes are nobody's too).
+    args += ["--uid", "65534", "--gid", "65534"]
     for k in sorted(keep, key=lambda p: len(p.parts)):
         args += ["--ro-bind", str(k), str(k)]
     # Submissions kept inside the repository or the system folders stay out of sight.
-    seen = keep | {Path(d) for d in SYSTEM_DIRS}
+    seen = keep | {Path(d) for d in SYSTEM_DIRS} | {Path("/etc")}
     for h in sorted({Path(h).resolve() for h in hide}, key=lambda p: len(p.parts)):
         if h.is_dir() and any(under(h, k) for k in seen) and not any(h == k or under(k, h) for k in keep):
             args += ["--tmpfs", str(h)]
@@ -782,6 +791,26 @@ def _remove(folder):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _fresh_copy(folder, sources):
+    """The course's source as the grader read it, written into `folder` with links to its data
+    files, all read-only: what one submission run without a sandbox does to it ends with that run."""
+    import course
+
+    package = Path(course.__file__).resolve().parent
+    for relative, text in sources.items():
+        path = Path(folder, relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for name in data_files():
+        link = Path(folder, "course", name)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(package / name)
+    for path in sorted(Path(folder).rglob("*"), key=lambda p: -len(p.parts)):
+        if not path.is_symlink():
+            path.chmod(0o555 if path.is_dir() else 0o444)
+    return folder
+
+
 def _run(job, time_limit, sandbox, hide):
     """Run one notebook in a runner process (inside the sandbox if any); return (status, outcomes of
     the exercises checked in its kernel, how many code cells ran)."""
@@ -795,6 +824,9 @@ def _run(job, time_limit, sandbox, hide):
         env = _clean_env(work)
         if sandbox:
             env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+        else:  # a fresh, read-only copy of the course, as the grader read it, for this run alone
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [_fresh_copy(f"{work}/.course", job["course"]),
+                                                              env.get("PYTHONPATH")]))
         message = {"key": key, "cells": job["cells"], "exercises": exercises, "part": job["part"],
                    "exercise_cells": job["exercise_cells"], "sources": _part_sources(job["sources"], job["part"]),
                    "env": env,
@@ -978,7 +1010,10 @@ def printable(text):
 def grade_one(path, time_limit=300, lesson=None, sandbox=True, memory=MEMORY_GIB):
     """Grade one notebook; return (status, {exercise id: outcome})."""
     job = _prepare(path, _read(path), lesson_notebooks() if lesson is None else [], lesson)
-    use_sandbox = sandbox and sandbox_problem() is None
+    if sandbox and sandbox_problem() is not None:
+        raise SystemExit(f"grading refuses to run without a sandbox: {sandbox_problem()}; "
+                         f"pass sandbox=False for a notebook you trust")
+    use_sandbox = sandbox
     with _undumpable():
         return _grade_job(job, time_limit, use_sandbox, hide={Path(path).resolve().parent, Path.cwd()},
                           sources=_sources(), memory=memory)
@@ -1017,8 +1052,8 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory):
         _grade_across(job, answered, time_limit, sandbox, hide, sources["course"])), daemon=True)
     worker.start()
     try:
-        status, inside, ran = _run({**job, "sources": sources["checks"], "memory": memory}, time_limit, sandbox,
-                                   hide)
+        status, inside, ran = _run({**job, "sources": sources["checks"], "course": sources["course"], "memory": memory},
+                                   time_limit, sandbox, hide)
     finally:
         worker.join()
     outcomes.update(inside)
@@ -1051,9 +1086,12 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
     ids = list(dict.fromkeys(i for job in submissions for i, _ in job["exercises"]))
 
     problem = sandbox_problem() if sandbox else "it was turned off"
+    if problem and sandbox:
+        raise SystemExit(f"grading refuses to run without a sandbox: {problem}. Install bubblewrap "
+                         f"(apt-get install bubblewrap), or grade a class you trust with --no-sandbox")
     if problem:
-        print(f"running without a sandbox: {problem}. Each submission can read and write what this "
-              f"user can; grades still come from copies read before any ran.")
+        print(f"running without a sandbox ({problem}): each submission can read and write what this user can, "
+              f"stop your processes and change the grading of the submissions after it.")
     hide = {p.resolve().parent for p in paths} | {Path.cwd(), Path(out).resolve().parent}
 
     def one(path, job):

@@ -165,7 +165,7 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
     before = {p: p.read_bytes() for p in paths}
 
     out = grader_dir / "grades.csv"
-    rows = grading.grade(paths, out, time_limit=60, jobs=2)
+    rows = grading.grade(paths, out, time_limit=60, jobs=2, sandbox=SANDBOXED)
 
     changed = [p.parent.name for p in paths if p.read_bytes() != before[p]]
     assert changed in ([], ["solution"]), "grading itself must never modify a submission"
@@ -206,7 +206,7 @@ def test_grading_a_class_including_forgeries(tmp_path, monkeypatch):
 def test_a_notebook_of_no_known_lesson_is_not_run(tmp_path):
     path = tmp_path / "homework.ipynb"
     nbformat.write(nbformat.v4.new_notebook(), str(path))
-    status, outcomes = grading.grade_one(path)
+    status, outcomes = grading.grade_one(path, sandbox=SANDBOXED)
     assert status.startswith("no lesson of the course is named like this notebook") and outcomes == {}
 
 

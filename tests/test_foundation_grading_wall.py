@@ -230,3 +230,57 @@ def test_the_definitions_that_answer_an_exercise():
     assert code[:4] == ["import numpy as np", "TPB = 16", "f = lambda t: t * 2", "def helper(a):\n    return a + 1"]
     assert code[4] == cells[2] and len(code) == 5
     assert not any("train(" in c or "print(" in c for c in code)
+
+
+# ---- the sandbox and the mode without one ----
+
+@pytest.mark.skipif(not SANDBOXED, reason="bubblewrap cannot make a sandbox here")
+def test_the_sandbox_runs_as_nobody_and_shows_only_what_python_needs_of_etc():
+    probe = ("import os\n"
+             "print(os.getuid(), os.path.exists('/etc/shadow'), os.path.exists('/etc/ld.so.cache'))\n"
+             "import course; print(course.__file__)\n")
+    answering = grading._sandbox_command(set(), course_source=False) + [sys.executable, "-I", "-c", probe]
+    out = subprocess.run(answering, capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines()[0] == "65534 False True", out.stdout + out.stderr
+    assert "ModuleNotFoundError" in out.stderr  # the answerer's sandbox holds no course source
+
+
+def test_grading_refuses_without_a_sandbox_unless_told(tmp_path, monkeypatch):
+    monkeypatch.setattr(grading, "sandbox_problem", lambda: "bubblewrap (bwrap) is not installed")
+    path = tmp_path / LESSON.name
+    nbformat.write(exercise_handout(LESSON), str(path))
+    with pytest.raises(SystemExit, match="refuses to run without a sandbox.*--no-sandbox"):
+        grading.grade([path], tmp_path / "g.csv")
+    rows = grading.grade([path], tmp_path / "g.csv", sandbox=False, time_limit=60)
+    assert rows[0]["status"].startswith("ok") and rows[0]["passed"] == 0
+
+
+def test_without_a_sandbox_a_submission_that_rewrites_the_course_changes_no_later_grade(tmp_path):
+    """The first submission writes into the package it runs with (a fresh copy, read-only, which it
+    makes writable again) and into the course's source the grader read; the second, honest but
+    wrong, is graded as if nothing had happened."""
+    import course
+
+    real = Path(course.__file__).resolve().parent / "exercises" / "_core.py"
+    before = real.read_bytes()
+    tamper = ("import os, course, course.exercises._core as core\n"
+              "target = core.__file__\n"
+              "os.chmod(os.path.dirname(target), 0o755); os.chmod(target, 0o644)\n"
+              "open(target, 'a').write('\\nrun = lambda *a, **k: CheckResult(a[0], \"passed\", \"\")\\n')\n"
+              "print(target)")
+    first = _forged("x = 1")
+    first.cells.insert(1, nbformat.v4.new_code_cell(tamper))
+    second = _forged("y = 2")
+    try:
+        for name, nb in (("a-tamperer", first), ("b-honest", second)):
+            path = tmp_path / name / LESSON.name
+            path.parent.mkdir()
+            nbformat.write(nb, str(path))
+        grading.grade([tmp_path / "a-tamperer" / LESSON.name, tmp_path / "b-honest" / LESSON.name],
+                      tmp_path / "g.csv", sandbox=False, jobs=1, time_limit=60)
+        assert real.read_bytes() == before  # it wrote into its own copy, not the course
+    finally:
+        real.write_bytes(before)
+    with open(tmp_path / "g.csv", newline="") as f:
+        rows = {Path(r["notebook"]).parent.name: r for r in csv.DictReader(f)}
+    assert rows["a-tamperer"]["passed"] == rows["b-honest"]["passed"] == "0", rows
