@@ -116,6 +116,29 @@ def call(candidate, *args, on="", returns=True, **kwargs):
     return got
 
 
+def within(candidate, owner, method):
+    """`candidate` as a function that runs inside `with owner.method():` (a graph's `as_default`),
+    wherever the candidate lives: in this process, or in the one that answers for it when grading."""
+    if callable(getattr(type(candidate), "within", None)) and type(candidate).__name__ == "Remote":
+        return lambda *args, **kwargs: candidate.within(owner, method, *args, **kwargs)
+
+    def inside(*args, **kwargs):
+        with getattr(owner, method)():
+            return candidate(*args, **kwargs)
+    return inside
+
+
+def class_names(candidate):
+    """"module:qualname" of a class and of each of its ancestors, or None if it is not a class; of
+    a class in the process that answers for the learner too."""
+    if type(candidate).__name__ == "Remote" and callable(getattr(type(candidate), "classes", None)):
+        is_class, names = candidate.classes()
+        return list(names) if is_class else None
+    if not isinstance(candidate, type):
+        return None
+    return [f"{c.__module__}:{c.__qualname__}" for c in candidate.__mro__]
+
+
 # ---- library functions that an exercise asks the learner to write ----
 
 class Unavailable(CheckFailed):

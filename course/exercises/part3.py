@@ -3,6 +3,7 @@
 import numpy as np
 
 from course.exercises import CheckFailed, call, exercise, expect, expect_close
+from course.exercises._core import within
 
 
 def _short(value, limit=100):
@@ -55,7 +56,7 @@ def _(candidate, rng):
                 expect(pos[i] < pos[n], f"'{n.name}' comes before its input '{i.name}' on {on}")
 
 
-@exercise("3.1.2", inside=True, hint="a placeholder for the batch (its number of rows unknown), Variables for the weights "
+@exercise("3.1.2", hint="a placeholder for the batch (its number of rows unknown), Variables for the weights "
                         "and the bias, and the sigmoid of the affine map, all in the default graph",
           answer_hint="x = tf.placeholder((None, n_features)), w a Variable of shape (n_features, 1), b a "
                       "Variable of shape (1,), p = tf.sigmoid(x @ w + b)")
@@ -65,8 +66,7 @@ def _(candidate, rng):
     for n_features in [2, 5, 1]:
         on = f"n_features={n_features}"
         g = tf.Graph()
-        with g.as_default():
-            got = call(candidate, n_features, on=on)
+        got = call(within(candidate, g, "as_default"), n_features, on=on)
         try:
             x, w, b, p = got
         except (TypeError, ValueError):
@@ -160,7 +160,7 @@ def _(candidate, rng):
         expect_close(got, want, on=on, what="reduced gradient")
 
 
-@exercise("3.2.3", inside=True, hint="the derivative of tanh can be written with its output y alone; chain it with the "
+@exercise("3.2.3", hint="the derivative of tanh can be written with its output y alone; chain it with the "
                         "incoming gradient g, building nodes",
           answer_hint="g * (1 - y * y)", forbid=["course.minitf.gradients"],
           task="build the gradient from the nodes y and g")
@@ -172,8 +172,8 @@ def _(candidate, rng):
         with g.as_default():
             y = tf.placeholder(shape, name="y")
             up = tf.placeholder(shape, name="g")
-            on = f"nodes y and g of shape {shape}"
-            node = call(candidate, y, up, on=on)
+        on = f"nodes y and g of shape {shape}"
+        node = call(within(candidate, g, "as_default"), y, up, on=on)
         expect(isinstance(node, tf.Node), f"expected a node, got {type(node).__name__} on {on}")
         x = rng.normal(size=shape)
         gv = rng.normal(size=shape)

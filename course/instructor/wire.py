@@ -534,8 +534,10 @@ class Channel:
             reply = receive(self.read_fd)
             kind = reply.get("op")
             if kind == "return":
+                # The value first: it defines the new objects that the changed ones may now hold.
+                value = self.codec.decode(reply["value"])
                 self.codec.apply(reply["states"])
-                return self.codec.decode(reply["value"])
+                return value
             if kind == "raise":
                 self.codec.apply(reply["states"])
                 raise _rebuild(reply.get("type", "Exception"), str(reply.get("message", "")))
@@ -568,6 +570,12 @@ class Channel:
             raise WireError("a request whose arguments are not a tuple and a dict")
         if kind == "call":
             return target(*args, **kwargs)
+        if kind == "within":  # a call inside a context of a lesson object: `with graph.as_default():`
+            owner, method, *rest = args
+            if not _name_of(type(owner)) or not isinstance(method, str) or method.startswith("_"):
+                raise WireError("a context that is not a lesson object's method")
+            with getattr(owner, method)():
+                return target(*rest, **kwargs)
         if kind in ("getattr", "setattr"):
             if not isinstance(args[0], str) or args[0].startswith("__"):
                 raise AttributeError(f"no attribute {args[0]!r} across the channel")
@@ -589,7 +597,7 @@ class Channel:
             return bool(target)
         if kind == "classes":
             cls = target if isinstance(target, type) else type(target)
-            return [_name_of(c) or c.__name__ for c in cls.__mro__]
+            return isinstance(target, type), [f"{c.__module__}:{c.__qualname__}" for c in cls.__mro__]
         raise WireError(f"no request {kind!r}")
 
 
@@ -648,6 +656,10 @@ class Remote:
     def __call__(self, *args, **kwargs):
         return self._ask("call", *args, **kwargs)
 
+    def within(self, owner, method, *args, **kwargs):
+        """Call it on its side inside `with owner.method():` (owner a lesson object, sent across)."""
+        return self._ask("within", owner, method, *args, **kwargs)
+
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -678,7 +690,8 @@ class Remote:
         return self._ask("bool")
 
     def classes(self):
-        """The names of its class and that class's ancestors, as its owner says."""
+        """(whether it is a class, "module:qualname" of it or its class and their ancestors), as its
+        owner says."""
         return self._ask("classes")
 
 
