@@ -950,27 +950,39 @@ def _prepare(path, data, lessons, lesson=None):
     job["review"] = review_notes(nb, handed_out)
     job["cells"] = [c.source for c in _code_cells(nb)]
     job["exercise_cells"] = exercise_cells(nb, exercises)
-    job["inside"], job["across"] = _where_checked(exercises)
+    job["inside"], job["across"], job["kernels"] = _where_checked(exercises)
     return job
+
+
+@functools.lru_cache(maxsize=None)
+def _can_compile_kernels():
+    """Whether numba can compile kernels for a GPU here (NVVM is installed): a learner's kernel is
+    run outside the notebook's process only once it has compiled."""
+    from course.kernels import compile as gpu
+
+    return gpu.available()[0]
 
 
 def _where_checked(exercises):
     """([(id, name)] checked in the notebook's kernel, [(id, name, names to remove)] checked across
-    the sandbox's wall), from the checks as the grader loaded them."""
+    the sandbox's wall, {ids of those that are kernels}), from the checks as the grader loaded them.
+    A kernel is checked across only where it can be compiled for a GPU first."""
     from course.exercises import _core
 
-    inside, across = [], []
+    inside, across, kernels = [], [], set()
     for exercise_id, name in exercises:
         try:
             entry = _core.entry(exercise_id)
         except KeyError:
             inside.append((exercise_id, name))  # no check: the kernel reports it as the notebook has it
             continue
-        if entry.inside:
+        if entry.inside or (entry.kernel and not _can_compile_kernels()):
             inside.append((exercise_id, name))
         else:
             across.append((exercise_id, name, entry.forbid))
-    return inside, across
+            if entry.kernel:
+                kernels.add(exercise_id)
+    return inside, across, kernels
 
 
 def _read(path):
@@ -1034,6 +1046,7 @@ def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
             env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
         return remote.grade_across(job, exercises, sources=sources, env=env, work=work,
                                    sandbox_command=_sandbox_command(hide, course_source=False) if sandbox else None,
+                                   kernel_command=_sandbox_command(hide) if sandbox else (),
                                    time_limit=time_limit, stop=_stop_everything)
     finally:
         _remove(work)

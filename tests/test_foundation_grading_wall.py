@@ -284,3 +284,77 @@ def test_without_a_sandbox_a_submission_that_rewrites_the_course_changes_no_late
     with open(tmp_path / "g.csv", newline="") as f:
         rows = {Path(r["notebook"]).parent.name: r for r in csv.DictReader(f)}
     assert rows["a-tamperer"]["passed"] == rows["b-honest"]["passed"] == "0", rows
+
+
+# ---- a learner's CUDA kernel: rebuilt from the source, compiled first, traced in its own process ----
+
+KERNELS = ROOT / "notebooks" / "6-kernels" / "6.2-shared-memory.ipynb"
+# A kernel whose Python, run by the tracer in the learner's process, switches off what the check
+# compares with and what would compile it for a GPU: it does nothing a GPU could do.
+FORGING_KERNEL = '''from numba import cuda
+
+@cuda.jit
+def reverse_in_place(x):
+    if cuda.threadIdx.x == 0:
+        __import__("numpy").allclose = lambda *a, **k: True
+        __import__("course.kernels.compile", fromlist=["compile_ptx"]).compile_ptx = lambda *a, **k: {}
+
+
+check("6.2.1", reverse_in_place)'''
+HONEST_KERNEL = '''from numba import cuda
+
+@cuda.jit
+def reverse_in_place(x):
+    t = cuda.threadIdx.x
+    value = x[x.size - 1 - t]
+    cuda.syncthreads()
+    x[t] = value
+
+
+check("6.2.1", reverse_in_place)'''
+
+
+def _kernel_handout(source):
+    nb = exercise_handout(KERNELS)
+    for cell in nb.cells:
+        if 'check("6.2.1"' in cell.source:
+            cell.source = source
+    return nb
+
+
+def _can_compile():
+    from course.kernels import compile as gpu
+
+    return gpu.available()[0]
+
+
+def test_a_forging_kernel_passes_in_the_learners_process():
+    assert _in_process(_kernel_handout(FORGING_KERNEL)).get("6.2.1") == "passed"
+
+
+@pytest.mark.skipif(not _can_compile(), reason="NVVM is not installed: kernels are checked in the notebook's kernel")
+def test_a_kernel_is_compiled_before_it_runs_and_traced_alone(tmp_path):
+    notebooks = {"forger": _kernel_handout(FORGING_KERNEL), "honest": _kernel_handout(HONEST_KERNEL)}
+    rows = _grade_class(tmp_path, notebooks, KERNELS, SANDBOXED)
+    assert rows["honest"]["6.2.1"] == "passed", rows["honest"]
+    assert rows["forger"]["6.2.1"] == "failed" and rows["forger"]["passed"] == "0", rows["forger"]
+
+
+def test_a_kernel_is_rebuilt_from_plain_defs_only():
+    from course.instructor import kernels
+
+    statements = ["import numpy as np", "@cuda.jit(device=True)\ndef helper(a, b=2):\n    return a + b",
+                  "@cuda.jit\ndef k(x: int, n=len('abc')):\n    x[0] = helper(n)"]
+    description = {"kernel": "k", "functions": {"k": [2, False], "helper": [1, True]},
+                   "globals": {"np": ["module", "numpy"]}}
+    with pytest.raises(kernels.Refused, match="not a constant"):  # a default that would run code
+        kernels.bundle(description, statements)
+    statements[2] = "@cuda.jit\ndef k(x: int, n=3):\n    x[0] = helper(n)"
+    job = kernels.bundle(description, statements)
+    assert job["defs"] == [["k", "def k(x, n=3):\n    x[0] = helper(n)", False],
+                           ["helper", "def helper(a, b=2):\n    return a + b", True]]
+    for bad in (["module", "os"], ["unknown", "function"], ["value", ["x", [], ["h", "b", "bh0"]]]):
+        with pytest.raises(kernels.Refused):
+            kernels.bundle({**description, "globals": {"np": bad}}, statements)
+    with pytest.raises(kernels.Refused, match="not defined by a `def`"):
+        kernels.bundle({**description, "functions": {"k": [0, False]}}, statements)

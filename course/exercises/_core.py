@@ -64,10 +64,11 @@ class _Exercise:
     forbid: tuple = ()
     task: str = ""
     inside: bool = False
+    kernel: bool = False
     failures: int = field(default=0)
 
 
-def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=False):
+def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=False, kernel=False):
     """Register a check: `fn(candidate, rng)` calls the candidate and raises CheckFailed on a mistake.
 
     `rng` is a NumPy generator seeded from the id, so random inputs are the same every run.
@@ -77,13 +78,15 @@ def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=Fa
     "course.tensor.Tensor.backward"): while the check runs they are `unavailable`, and `task` says
     what to do instead ("compute the gradient by hand"). `inside=True`: the check observes the
     call from within the learner's process (a kernel's traced memory accesses, peak memory, copies
-    to the device), so grading runs it there rather than across the sandbox's wall.
+    to the device), so grading runs it there rather than across the sandbox's wall. `kernel=True`:
+    the candidate is a CUDA kernel, which grading rebuilds from the notebook's source in a process of
+    its own, compiles for a GPU (nopython: no imports, no Python objects), and only then traces.
     """
 
     def register(fn):
         if exercise_id in _CHECKS:
             raise ValueError(f"exercise {exercise_id} is registered twice")
-        _CHECKS[exercise_id] = _Exercise(fn, hint, answer_hint, tuple(forbid), task, inside)
+        _CHECKS[exercise_id] = _Exercise(fn, hint, answer_hint, tuple(forbid), task, inside, kernel)
         return fn
 
     return register

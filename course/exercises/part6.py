@@ -153,6 +153,10 @@ def _guarded(candidate):
 
 
 _said_no_compiler = []  # whether the checks have said that they cannot compile for a GPU here
+# Grading sets this in the process that checks a learner's kernel: each launch is compiled for a GPU
+# (nopython: no imports, no Python objects) before the tracer runs the kernel's Python code, and a
+# kernel that cannot be compiled is not run at all.
+COMPILE_FIRST = False
 
 
 def _compiles(candidate, args):
@@ -165,6 +169,8 @@ def _compiles(candidate, args):
     if not isinstance(fn, types.FunctionType) or fn.__module__ == __name__:
         return  # the checks' own kernels are compiled once, by the test suite
     ok, why = gpu.available()
+    if not ok and COMPILE_FIRST:
+        raise CheckFailed(f"your kernel cannot be compiled for a GPU here ({why}), so it is not run")
     if not ok:
         if not _said_no_compiler:
             _said_no_compiler.append(True)
@@ -174,8 +180,9 @@ def _compiles(candidate, args):
         gpu.compile_ptx(fn, args)
     except gpu.CompileError as err:  # the same for every input: numba's reason and the kernel's line
         raise CheckFailed(str(err)) from None
-    except (TypeError, RuntimeError):  # arguments numba cannot type, or the compiling process ended
-        pass
+    except (TypeError, RuntimeError) as err:  # arguments numba cannot type, or the compiling process ended
+        if COMPILE_FIRST:
+            raise CheckFailed(f"your kernel could not be compiled for a GPU ({err}), so it is not run") from None
 
 
 def _trace(candidate, grid, block, *args, on=""):
@@ -183,6 +190,8 @@ def _trace(candidate, grid, block, *args, on=""):
     K = _kernels()
     where = f" on {on}" if on else ""
     kernel, errors = _guarded(candidate)
+    if COMPILE_FIRST:
+        _compiles(candidate, args)
     try:
         report = K.trace(kernel, grid, block, *args)
     except Exception as err:  # a launch the tracer refuses (too many threads...)
@@ -201,7 +210,8 @@ def _trace(candidate, grid, block, *args, on=""):
         if isinstance(err, CheckFailed):  # a library function the exercise asks the learner to write
             raise CheckFailed(f"in your kernel, {who}: {err}{where}")
         raise CheckFailed(f"in your kernel, {who} raised {type(err).__name__}: {err}{where}")
-    _compiles(candidate, args)
+    if not COMPILE_FIRST:
+        _compiles(candidate, args)
     return report
 
 
@@ -397,7 +407,7 @@ def _scale_cases(rng):
     return [(37, 2, 32), (5, 1, 8), (32, 1, 32), (50, 4, 16), (int(rng.integers(10, 60)), None, 16)]
 
 
-@exercise("6.1.2", inside=True, hint="the grid is rounded up to whole blocks, so some threads have an index past the "
+@exercise("6.1.2", kernel=True, hint="the grid is rounded up to whole blocks, so some threads have an index past the "
                         "end of the array: let only the threads with an element do the work")
 def _(candidate, rng):
     _refuse_library(candidate)
@@ -454,7 +464,7 @@ def _grid2(shape, block):
     return (-(-shape[1] // block[0]), -(-shape[0] // block[1]))
 
 
-@exercise("6.1.4", inside=True, hint="col, row = cuda.grid(2): x runs along the columns, y along the rows; a thread "
+@exercise("6.1.4", kernel=True, hint="col, row = cuda.grid(2): x runs along the columns, y along the rows; a thread "
                         "whose (row, col) is outside the matrix along either axis must do nothing",
           forbid=["course.kernels.vector_add", "course.kernels.cpu.vector_add"],
           task="add the matrices one element per thread")
@@ -477,7 +487,7 @@ def _(candidate, rng):
         expect_close(device[2], a + b, on="shape (5, 7) on the GPU", rtol=1e-6, atol=1e-6, what="out")
 
 
-@exercise("6.1.5", inside=True, hint="there are fewer threads than elements: each thread starts at its own index and "
+@exercise("6.1.5", kernel=True, hint="there are fewer threads than elements: each thread starts at its own index and "
                         "steps forward by the number of threads in the whole grid until it passes the end")
 def _(candidate, rng):
     _refuse_library(candidate)
@@ -493,7 +503,7 @@ def _(candidate, rng):
 # ===== 6.2 shared memory and synchronisation ============================================================
 
 
-@exercise("6.2.1", inside=True, hint="every thread must have read its value before any thread overwrites it: keep the "
+@exercise("6.2.1", kernel=True, hint="every thread must have read its value before any thread overwrites it: keep the "
                         "value in a local variable and make all threads wait for each other in between")
 def _(candidate, rng):
     _refuse_library(candidate)
@@ -505,7 +515,7 @@ def _(candidate, rng):
         expect_close(x, original[::-1], on=on, rtol=0, atol=0, what="x after the kernel")
 
 
-@exercise("6.2.2", inside=True, hint="load one element per thread into shared memory (0 past the end), then halve: "
+@exercise("6.2.2", kernel=True, hint="load one element per thread into shared memory (0 past the end), then halve: "
                         "at each step thread t adds slot t + step when t < step, and every thread waits "
                         "at a barrier before the next step reads those sums",
           forbid=["course.kernels.reduce_sum", "course.kernels.cpu.reduce_sum"],
@@ -529,7 +539,7 @@ def _rms_norm_rows(x, weight, eps):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * weight
 
 
-@exercise("6.2.3", inside=True, hint="a block per row: each thread adds up x * x over the columns t, t + blockDim, ... "
+@exercise("6.2.3", kernel=True, hint="a block per row: each thread adds up x * x over the columns t, t + blockDim, ... "
                         "(rows can be longer than the block), the block combines those sums in shared "
                         "memory with barriers, and every thread then scales its own columns",
           forbid=["course.mamba.rms_norm"], task="normalise each row in your kernel")
@@ -553,7 +563,7 @@ def _(candidate, rng):
 WARP_BLOCK = 64  # threads per block in 6.2.4: two warps
 
 
-@exercise("6.2.4", inside=True, hint="each warp adds its 32 values with cuda.shfl_down_sync(0xFFFFFFFF, v, delta) for delta = "
+@exercise("6.2.4", kernel=True, hint="each warp adds its 32 values with cuda.shfl_down_sync(0xFFFFFFFF, v, delta) for delta = "
                         "16, 8, 4, 2, 1 (every lane takes part in every shuffle, 0 past the end), then its lane 0 "
                         "adds the warp's sum into total[0] with cuda.atomic.add")
 def _(candidate, rng):
@@ -606,7 +616,7 @@ def _run_matmul(candidate, rng):
         yield (m, k, n), on, report
 
 
-@exercise("6.3.1", inside=True, hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
+@exercise("6.3.1", kernel=True, hint="bt holds B transposed: a column of B is a row of bt. Which element of bt is B[k, col]? "
                         "And the guard must cover both axes of c",
           forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt",
                   "course.kernels.cpu.matmul_at"],
@@ -624,7 +634,7 @@ def _tiled_reads(m, k, n, tile):
     return -(-n // tile) * m * k + -(-m // tile) * k * n
 
 
-@exercise("6.3.2", inside=True, hint="each thread stores one element of each tile, at its own [ty, tx]: the one the "
+@exercise("6.3.2", kernel=True, hint="each thread stores one element of each tile, at its own [ty, tx]: the one the "
                         "compute loop expects there for this step (tile_b[j, tx] stands for B[start + j, col]); "
                         "0 where that element lies outside the matrix",
           forbid=["course.kernels.matmul", "course.kernels.cpu.matmul", "course.kernels.cpu.matmul_bt",
@@ -711,7 +721,7 @@ def _transpose_transactions(m, n):
     return _trace(_transpose_reference, grid, (T32, ROWS), x, out, on=f"x of shape {(m, n)}").transactions()
 
 
-@exercise("6.3.5", inside=True, hint="load the block's 32 x 32 tile of x row by row (thread x along the columns of x), "
+@exercise("6.3.5", kernel=True, hint="load the block's 32 x 32 tile of x row by row (thread x along the columns of x), "
                         "then write out row by row (thread x along the columns of out) from a column of the "
                         "tile; give the tile 33 columns, and guard both loops against the matrix's edges")
 def _(candidate, rng):
@@ -738,7 +748,7 @@ BM, BN, BK, TM, TN = 16, 16, 4, 4, 4
 REGISTER_BLOCK = (BN // TN, BM // TM)  # 4 x 4 threads, each a 4 x 4 block of C
 
 
-@exercise("6.3.6", inside=True, hint="for each p of the tile, copy the thread's TM numbers of row p of tile_a (A's tile is "
+@exercise("6.3.6", kernel=True, hint="for each p of the tile, copy the thread's TM numbers of row p of tile_a (A's tile is "
                         "transposed) into a_reg and its TN numbers of row p of tile_b into b_reg, at the rows and "
                         "columns the final write uses; then every acc[i, j] gains a_reg[i] * b_reg[j]",
           forbid=["course.kernels.matmul", "course.kernels.cpu.matmul"],
@@ -773,7 +783,7 @@ def _scan_reference(u, delta, A, B, C, D):
     return y
 
 
-@exercise("6.3.4", inside=True, hint="thread i = cuda.grid(1) owns sequence i // d_in, channel i % d_in (guard i < b * d_in); "
+@exercise("6.3.4", kernel=True, hint="thread i = cuda.grid(1) owns sequence i // d_in, channel i % d_in (guard i < b * d_in); "
                         "it keeps its n state numbers in cuda.local.array and walks forward in time: "
                         "h = exp(delta A) h + delta B u, then y = <C, h> + D u",
           forbid=["course.kernels.selective_scan", "course.kernels.cpu.selective_scan", "course.mamba.selective_scan"],
@@ -806,7 +816,7 @@ def _softmax_backward_reference(s, g):
     return s * (g - (g * s).sum(axis=1, keepdims=True))
 
 
-@exercise("6.4.1", inside=True, hint="dx = s * (g - <g, s>) row by row: the block first adds up g * s over its row (each "
+@exercise("6.4.1", kernel=True, hint="dx = s * (g - <g, s>) row by row: the block first adds up g * s over its row (each "
                         "thread its columns t, t + blockDim, ..., then a tree in shared memory with barriers), "
                         "then every thread writes its own columns of dx",
           forbid=["course.kernels.softmax_backward", "course.kernels.cpu.softmax_backward"],

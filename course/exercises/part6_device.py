@@ -95,7 +95,7 @@ def _zip_reference(a_buf, a_off, a_str, b_buf, b_off, b_str, shape):
     return out.ravel()
 
 
-@exercise("6.6.1", inside=True, hint="out is contiguous: element i of out has one index per axis, and the last axis "
+@exercise("6.6.1", kernel=True, hint="out is contiguous: element i of out has one index per axis, and the last axis "
                         "varies fastest; each operand's element for that index lies at its offset plus "
                         "the sum of index * stride over the axes (a stride of 0 repeats the operand along "
                         "that axis). The grid may have fewer threads than out has elements")
@@ -192,7 +192,7 @@ def _positions(idx, token):
     return [int(p) for p in np.flatnonzero(idx == token)]
 
 
-@exercise("6.6.2", inside=True, hint="several positions of idx can hold the same token: then several threads add into "
+@exercise("6.6.2", kernel=True, hint="several positions of idx can hold the same token: then several threads add into "
                         "the same element of grad_table. A read, an addition and a write by one thread can "
                         "interleave with another thread's, and an update is lost: the addition must be one "
                         "indivisible step (see 6.2.4)")
@@ -294,7 +294,7 @@ def _sum_reference(a_buf, a_off, a_str, shape, axis):
     return out.ravel()
 
 
-@exercise("6.6.3", inside=True, hint="one thread per number of out, each adding up its own line of a in a local "
+@exercise("6.6.3", kernel=True, hint="one thread per number of out, each adding up its own line of a in a local "
                         "variable: out has a's shape with the summed axis of length 1, so its index i "
                         "gives one index per other axis (the last axis fastest); the numbers to add lie "
                         "at a_offset + the sum of index * stride, plus k * a_strides[axis] for k along "

@@ -154,9 +154,9 @@ def _run_code(statements):
     noted and the rest still run."""
     space = {"__name__": "__main__", "__builtins__": builtins}
     notes = []
-    for source in statements:
+    for k, source in enumerate(statements):
         try:
-            exec(compile(source, "<notebook>", "exec"), space)
+            exec(compile(source, f"<notebook {k}>", "exec"), space)
         except BaseException as err:  # noqa: BLE001 - the learner's code: note it and go on
             if isinstance(err, KeyboardInterrupt):
                 raise
@@ -179,12 +179,64 @@ def _answer(exercise):
         wire.send(write_fd, {"op": "missing", "notes": notes})
         return
     channel = wire.Channel("b", read_fd, write_fd)
+    if exercise.get("kernel"):  # described, not called: the grader rebuilds it from the notebook's source
+        wire.send(write_fd, {"op": "kernel", "notes": notes, **describe_kernel(space[name], channel.codec)})
+        wire.receive(read_fd)
+        return
     wire.send(write_fd, {"op": "ready", "candidate": channel.codec.encode(space[name]), "notes": notes})
     while True:
         message = wire.receive(read_fd)
         if message.get("op") == "done":
             return
         channel.serve_one(message)
+
+
+def _statement(fn):
+    """The index of the notebook statement that defined a function (compiled as "<notebook k>")."""
+    name = fn.__code__.co_filename
+    if name.startswith("<notebook ") and name.endswith(">"):
+        return int(name[len("<notebook "):-1])
+    return None
+
+
+def describe_kernel(candidate, codec):
+    """What the grader needs to rebuild a kernel from the notebook's own source: the kernel's name
+    and statement, and for each global name it (or a device function it calls) looks up: a module's
+    name, a function of the notebook's (its statement, whether it is a device function), or a plain
+    value. The grader trusts none of it beyond what its own copy of the source says."""
+    from course.kernels import compile as gpu
+
+    fn = getattr(candidate, "py_func", candidate)
+    if not isinstance(fn, types.FunctionType) or _statement(fn) is None:
+        return {"kernel": None, "why": f"expected a kernel written in the notebook, got {type(candidate).__name__}"}
+    found, todo, names = {}, [fn], {}
+    while todo:
+        f = todo.pop()
+        if f.__name__ in found:
+            continue
+        jitted = gpu._jitted(f)
+        device = bool(jitted[1]) if jitted else False
+        f = jitted[0] if jitted else f
+        found[f.__name__] = [_statement(f), device]
+        for name in sorted(gpu._names(f.__code__)):
+            if name not in f.__globals__ or name in names:
+                continue
+            value = f.__globals__[name]
+            inner = getattr(value, "py_func", value)
+            if isinstance(value, types.ModuleType):
+                names[name] = ["module", value.__name__]
+            elif type(value).__module__.startswith("numba.core.types"):  # numba.float32, say
+                names[name] = ["numba", str(value)]
+            elif isinstance(inner, types.FunctionType) and _statement(inner) is not None:
+                names[name] = ["function", inner.__name__]
+                todo.append(value)
+            else:
+                try:
+                    names[name] = ["value", codec.encode(value)]
+                except wire.WireError:
+                    names[name] = ["unknown", type(value).__name__]
+    device = getattr(candidate, "py_func", None) is not None and bool((gpu._jitted(candidate) or (0, 0))[1])
+    return {"kernel": fn.__name__, "functions": found, "globals": names, "device": device}
 
 
 def _stop_tree(pid):

@@ -13,8 +13,9 @@ import os
 from . import wire
 
 
-def check_one(exercise, seed):
-    """(outcome, message) of one exercise, talking to its answering process on its pipe."""
+def check_one(exercise, seed, run_kernel=None):
+    """(outcome, message) of one exercise, talking to its answering process on its pipe. A kernel
+    is not called across: `run_kernel(exercise, description)` checks it in a process of its own."""
     from course.exercises import _core
 
     read_fd, write_fd = exercise["fds"]
@@ -33,6 +34,11 @@ def check_one(exercise, seed):
             return "failed", f"[{exercise_id}] failed: the notebook's code could not be prepared ({first.get('why')})"
         if kind == "unsafe":
             return "not run", f"[{exercise_id}] could not be graded safely: {first.get('why')}"
+        if kind == "kernel" and run_kernel is not None:
+            outcome, message = run_kernel(exercise, first)
+            if outcome != "passed" and notes:
+                message += " (while grading: " + "; ".join(notes) + ")"
+            return outcome, message
         if kind != "ready":
             return "failed", f"[{exercise_id}] failed: the notebook's process did not answer"
         candidate = channel.codec.decode(first["candidate"])

@@ -19,6 +19,8 @@ import sys
 import threading
 from pathlib import Path
 
+from . import wire
+
 # The start-up code of both processes (`python -I -c BOOT`): read the job, write the course's
 # source, run the named module's main(job, root).
 BOOT = r"""
@@ -143,14 +145,60 @@ def _start(command, job, fds, env, cwd, stdout):
     return proc
 
 
-def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_limit, stop, seconds=60):
+def check_kernel(exercise, description, *, seed, sources, kernel_command, env, work, stop):
+    """(outcome, message) of a kernel exercise: the kernel rebuilt from the grader's copy of the
+    notebook's source and checked in a fresh process of its own (`kernels.main`)."""
+    from . import kernels
+
+    exercise_id = exercise["id"]
+    try:
+        job = kernels.bundle(description, exercise["code"])
+    except (kernels.Refused, wire.WireError, SyntaxError) as err:
+        return "failed", f"[{exercise_id}] failed: {err}"
+    report_read, report_write = os.pipe()
+    proc = None
+    try:
+        proc = _start(kernel_command + [sys.executable, "-I", "-c", BOOT],
+                      {"main": "course.instructor.kernels", "root": None, "sources": sources,
+                       "links": _data_links(), "id": exercise_id, "seed": seed, "report_fd": report_write, **job},
+                      [report_write], env, work, subprocess.DEVNULL)
+        os.close(report_write)
+        report_write = None
+        try:
+            proc.wait(timeout=exercise["seconds"] * 2)
+        except subprocess.TimeoutExpired:
+            return "failed", f"[{exercise_id}] failed: your kernel ran longer than {exercise['seconds'] * 2:g} s"
+        data = os.read(report_read, 1 << 20)
+        try:
+            outcome, message = json.loads(data)
+            return str(outcome), str(message)
+        except (ValueError, TypeError):
+            return "failed", f"[{exercise_id}] failed: the kernel's check gave no result"
+    finally:
+        os.close(report_read)
+        if report_write is not None:
+            os.close(report_write)
+        if proc is not None:
+            stop(proc)
+
+
+def _data_links():
+    import course
+
+    from course.grading import data_files
+
+    package = Path(course.__file__).resolve().parent
+    return {f"course/{name}": str(package / name) for name in data_files()}
+
+
+def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_limit, stop, seconds=60,
+                 kernel_command=()):
     """{exercise id: (outcome, message)} for `exercises` [(id, name, strip)] of one submission: its
     learner's code answering in the sandbox (`sandbox_command`, or none), the checks run here."""
     if not exercises:
         return {}
-    import course
+    from course.grading import SOURCE_ROOT
 
-    from course.grading import SOURCE_ROOT, data_files
     from . import checker
 
     answerer_fds, checking = [], []
@@ -160,12 +208,14 @@ def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_li
         to_answerer, from_checker = os.pipe()   # the checker writes, the answerer reads
         to_checker, from_answerer = os.pipe()
         answerer_fds += [to_answerer, from_answerer]
+        code = answer_code(cells, job["exercise_cells"][exercise_id])
+        kernel = exercise_id in job.get("kernels", ())
         answering.append({"id": exercise_id, "name": name, "strip": list(strip), "seconds": seconds,
-                          "code": answer_code(cells, job["exercise_cells"][exercise_id]),
-                          "fds": [to_answerer, from_answerer]})
-        checking.append({"id": exercise_id, "name": name, "seconds": seconds, "fds": [to_checker, from_checker]})
-    package = Path(course.__file__).resolve().parent
-    links = {} if sandbox_command else {f"course/{name}": str(package / name) for name in data_files()}
+                          "code": code, "kernel": kernel, "fds": [to_answerer, from_answerer]})
+        checking.append({"id": exercise_id, "name": name, "seconds": seconds, "code": code,
+                         "fds": [to_checker, from_checker]})
+    links = {} if sandbox_command else _data_links()
+    kernel_command = list(kernel_command)
     answerer = None
     results = {}
     try:
@@ -177,8 +227,13 @@ def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_li
             os.close(fd)
         answerer_fds = []
         seed = secrets.randbits(64)  # inputs no earlier run has seen
+
+        def run_kernel(exercise, description):
+            return check_kernel(exercise, description, seed=seed, sources=sources, kernel_command=kernel_command,
+                                env=env, work=work, stop=stop)
+
         for exercise in checking:
-            results[exercise["id"]] = checker.check_one(exercise, seed)
+            results[exercise["id"]] = checker.check_one(exercise, seed, run_kernel)
         return results
     finally:
         for fd in answerer_fds:
