@@ -365,6 +365,9 @@ def sandbox_problem():
 # Where the process that answers the checks finds the course: its source is written there, then
 # deleted once imported; its data files are bound there, read-only.
 SOURCE_ROOT = "/tmp/src"
+# The sandbox's home and working folder: an ordinary user's home, as a learner's own run has (a
+# graded run shows nothing a notebook could tell it apart by).
+SANDBOX_HOME = "/home/learner"
 
 
 def data_files():
@@ -427,7 +430,7 @@ def _sandbox_command(hide, course_source=True):
             args += ["--tmpfs", str(package)]
         for name in data_files():
             args += ["--ro-bind", str(package / name), f"{SOURCE_ROOT}/course/{name}"]
-    return args + ["--dir", "/tmp/work", "--chdir", "/tmp/work", "--setenv", "HOME", "/tmp/work", "--"]
+    return args + ["--dir", SANDBOX_HOME, "--chdir", SANDBOX_HOME, "--setenv", "HOME", SANDBOX_HOME, "--"]
 
 
 # ---- inside the sandbox: the runner, which drives the kernel ----
@@ -823,7 +826,7 @@ def _run(job, time_limit, sandbox, hide):
         os.mkdir(f"{work}/.tmp")
         env = _clean_env(work)
         if sandbox:
-            env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+            env = {k: v.replace(work, SANDBOX_HOME) for k, v in env.items()}
         else:  # a fresh, read-only copy of the course, as the grader read it, for this run alone
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_fresh_copy(f"{work}/.course", job["course"]),
                                                               env.get("PYTHONPATH")]))
@@ -1043,7 +1046,7 @@ def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
         os.mkdir(f"{work}/.tmp")
         env = _clean_env(work)
         if sandbox:
-            env = {k: v.replace(work, "/tmp/work") for k, v in env.items()}
+            env = {k: v.replace(work, SANDBOX_HOME) for k, v in env.items()}
         return remote.grade_across(job, exercises, sources=sources, env=env, work=work,
                                    sandbox_command=_sandbox_command(hide, course_source=False) if sandbox else None,
                                    kernel_command=_sandbox_command(hide) if sandbox else (),

@@ -358,3 +358,15 @@ def test_a_kernel_is_rebuilt_from_plain_defs_only():
             kernels.bundle({**description, "globals": {"np": bad}}, statements)
     with pytest.raises(kernels.Refused, match="not defined by a `def`"):
         kernels.bundle({**description, "functions": {"k": [0, False]}}, statements)
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="without a sandbox a submission can stop the grader itself")
+def test_a_submission_that_kills_every_process_it_can_see_stops_only_itself(tmp_path):
+    killer = _forged("import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass")
+    for cell in killer.cells:  # and again while its answers are checked
+        if 'check("1.1.1"' in cell.source:
+            cell.source = cell.source.replace("return 0.0", "import os, signal; os.kill(-1, signal.SIGKILL)")
+    honest = nbformat.read(str(ROOT / "solutions" / "1-micrograd" / LESSON.name), as_version=4)
+    rows = _grade_class(tmp_path, {"killer": killer, "honest": honest}, LESSON, True)
+    assert rows["killer"]["passed"] == "0", rows["killer"]
+    assert rows["honest"]["status"].startswith("ok") and all(rows["honest"][i] == "passed" for i in IDS), rows
