@@ -71,6 +71,10 @@ ATTACKS = {
         "import ctypes, numpy\n"
         "ctypes.pythonapi.PyDict_SetItem(ctypes.py_object(vars(numpy)), ctypes.py_object('allclose'),\n"
         f"                                ctypes.py_object({ALWAYS_CLOSE}))"),
+    "rewritten-output": (  # what a check in this process prints, and so what a kernel would report
+        "import builtins\nreal = builtins.print\n"
+        "builtins.print = lambda *a, **k: real(*(x.replace('failed', 'passed') if isinstance(x, str) else x "
+        "for x in a), **k)"),
     "only-when-graded": (
         "import os\n"
         "if not os.path.abspath('.').startswith(os.path.expanduser('~/never')):\n"
@@ -150,8 +154,10 @@ def test_the_library_reached_by_name_or_a_private_helper_passes_in_process():
     assert _in_process(_by_name(TOKENS, PRIVATE_HELPER)).get("4.1.4") == "passed"
 
 
-@pytest.mark.parametrize("sandbox", [True, False] if SANDBOXED else [False])
-def test_no_forged_submission_gets_a_mark(tmp_path, sandbox):
+def test_no_forged_submission_gets_a_mark(tmp_path):
+    """In the sandbox where there is one; without it, the wall holds the same (the checks are in the
+    grader either way), and test_without_a_sandbox_... below grades that way."""
+    sandbox = SANDBOXED
     notebooks = {name: _forged(attack) for name, attack in ATTACKS.items()}
     notebooks["library-by-name"] = _by_name(LESSON, LIBRARY_ANSWERS)
     notebooks["honest"] = nbformat.read(str(ROOT / "solutions" / "1-micrograd" / LESSON.name), as_version=4)
@@ -188,18 +194,19 @@ def test_nothing_decodes_into_code_the_sender_chose():
 
 
 def test_a_deep_graph_crosses_without_recursion():
+    """30,000 nodes, thirty times Python's recursion limit: a message is a flat list of objects."""
     from course.micrograd import Value
 
     x = Value(1.0)
     y = x
-    for _ in range(100_000):
+    for _ in range(30_000):
         y = y * 1.0
     sender, receiver = wire.Codec("a"), wire.Codec("b")
     copy = receiver.decode(sender.encode(y))
     depth = 0
     while copy._prev:
         copy, depth = copy._prev[0], depth + 1
-    assert depth == 100_000 and copy.data == 1.0
+    assert depth == 30_000 and copy.data == 1.0
 
 
 def test_the_answerer_holds_none_of_what_the_exercise_rebuilds():

@@ -22,6 +22,8 @@ originals (`Channel.call(..., sync=True)`).
 
 import base64
 import builtins
+import contextlib
+import gc
 import sys
 import io
 import json
@@ -70,8 +72,14 @@ class Gone(Exception):
     """The other side closed the channel or died."""
 
 
+_LESSON = {}
+
+
 def _is_lesson(module):
-    return any(module == m or module.startswith(m + ".") for m in LESSON_MODULES)
+    known = _LESSON.get(module)
+    if known is None:
+        known = _LESSON[module] = any(module == m or module.startswith(m + ".") for m in LESSON_MODULES)
+    return known
 
 
 def _lookup(dotted):
@@ -92,8 +100,22 @@ def _lookup(dotted):
     return obj
 
 
+_NAMES = {}  # id(class) -> (class, its name or None): every object of a class asks
+
+
 def _name_of(obj):
     """"module:qualname" when `obj` can be found again by that name in a lesson module, else None."""
+    if isinstance(obj, type):
+        known = _NAMES.get(id(obj))
+        if known is not None and known[0] is obj:
+            return known[1]
+        name = _find_name(obj)
+        _NAMES[id(obj)] = (obj, name)
+        return name
+    return _find_name(obj)
+
+
+def _find_name(obj):
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or not _is_lesson(module):
         return None
@@ -105,8 +127,18 @@ def _name_of(obj):
         return None
 
 
+_FIELDS = {}
+
+
 def _fields(cls):
     """The names of an instance's slots, over its class's ancestry."""
+    known = _FIELDS.get(cls)
+    if known is None:
+        known = _FIELDS[cls] = _slots(cls)
+    return known
+
+
+def _slots(cls):
     names = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
@@ -157,11 +189,17 @@ def _code_path(code, module):
     return list(found[0]) if found else None
 
 
+_PLACES = {}  # module -> (its index, {(path, first line): code})
+
+
 def _find_code(module, path, line):
-    for code, (where, first) in _code_index(module).items():
-        if list(where) == list(path) and first == line:
-            return code
-    return None
+    index = _code_index(module)
+    known = _PLACES.get(module)
+    if known is None or known[0] is not index:
+        known = _PLACES[module] = (index, {(tuple(where), first): code for code, (where, first) in index.items()})
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        return None
+    return known[1].get((tuple(path), line))
 
 
 def _npy(array):
@@ -172,6 +210,19 @@ def _npy(array):
 
 def _from_npy(text):
     return np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False)
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """Python's cycle collector paused while a message is taken apart or put together: a graph of
+    100,000 nodes makes that many containers, and each pass of the collector walks all of them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Codec:
@@ -193,6 +244,7 @@ class Codec:
         self.channel = None
         self._next = 0
         self._queue = []
+        self._classes = {}        # "module:qualname" -> class, once looked up
 
     def _adopt(self, n, obj):
         old = self.objects.get(n)
@@ -203,13 +255,15 @@ class Codec:
     # ---- encoding ----
 
     def encode(self, value):
-        root = self._enc(value)
-        return ["x", self._drain([]), root]
+        with _no_collection():
+            root = self._enc(value)
+            return ["x", self._drain([]), root]
 
     def states(self, numbers):
         """The current contents of the shared objects `numbers` (and any new object they hold)."""
-        defs = [[n, self._body(self.objects[n])] for n in numbers if n in self.objects]
-        return ["x", self._drain(defs), None]
+        with _no_collection():
+            defs = [[n, self._body(self.objects[n])] for n in numbers if n in self.objects]
+            return ["x", self._drain(defs), None]
 
     def _drain(self, defs):
         while self._queue:
@@ -237,6 +291,9 @@ class Codec:
             if t is np.ndarray and v.dtype.hasobject:
                 return self._ref(list(v.ravel()))
             return self._ref(v)
+        known = _NAMES.get(id(t))
+        if known is not None and known[0] is t and known[1] and not issubclass(t, BaseException):
+            return self._ref(v)  # an object of a lesson class (a Value, a Tensor, a node)
         if t is tuple:
             return ["t", [self._enc(x) for x in v]]
         if t is frozenset:
@@ -319,6 +376,10 @@ class Codec:
     # ---- decoding ----
 
     def decode(self, data):
+        with _no_collection():
+            return self._decode(data)
+
+    def _decode(self, data):
         if not (isinstance(data, list) and len(data) == 3 and data[0] == "x" and isinstance(data[1], list)):
             raise WireError("not a message")
         defs = data[1]
@@ -365,9 +426,12 @@ class Codec:
                 obj = types.FunctionType(code, vars(sys.modules[body[1]]), code.co_name, None,
                                          tuple(types.CellType() for _ in code.co_freevars) or None)
         elif tag == "o":
-            cls = _lookup(body[1])
-            if not isinstance(cls, type) or issubclass(cls, BaseException):
-                raise WireError(f"{body[1]} is not a class")
+            cls = self._classes.get(body[1])
+            if cls is None:
+                cls = _lookup(body[1])
+                if not isinstance(cls, type) or issubclass(cls, BaseException):
+                    raise WireError(f"{body[1]} is not a class")
+                self._classes[body[1]] = cls
             obj = old if type(old) is cls else cls.__new__(cls)
         else:
             raise WireError(f"unknown object tag {tag!r}")
@@ -489,7 +553,8 @@ def _bad(d):
 # ---- the channel: length-prefixed JSON messages over two file descriptors ----
 
 def send(fd, message):
-    data = json.dumps(message, allow_nan=True).encode()
+    with _no_collection():
+        data = json.dumps(message, allow_nan=True).encode()
     if len(data) > LARGEST:
         raise WireError(f"a message of {len(data) >> 20} MB: more than the {LARGEST >> 20} MB one call may send")
     os.write(fd, struct.pack("<Q", len(data)))
@@ -513,8 +578,10 @@ def receive(fd):
     (size,) = struct.unpack("<Q", _read_exactly(fd, 8))
     if size > LARGEST:
         raise WireError(f"a message of {size >> 20} MB: more than the {LARGEST >> 20} MB one call may send")
+    data = _read_exactly(fd, size)
     try:
-        return json.loads(_read_exactly(fd, size))
+        with _no_collection():
+            return json.loads(data)
     except ValueError:
         raise WireError("a message that is not JSON") from None
 
