@@ -223,6 +223,11 @@ class Linear(Module):
         self.bias = Parameter(rng.uniform(-bound, bound, out_features).astype(np.float32)) if bias else None
 
     def forward(self, x):
+        # Integer or boolean features (counts, one-hot flags) are read as the weights' floats: NumPy
+        # would otherwise promote int64 @ float32 to float64, and the layer would answer in float64.
+        if (isinstance(x, Tensor) and isinstance(x.data, np.ndarray) and x.data.dtype.kind in "biu"
+                and self.weight.data.dtype.kind == "f"):
+            x = Tensor(x.data.astype(self.weight.data.dtype))
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):

@@ -307,3 +307,10 @@ def test_hints_nudge_first(exercise_id):
     assert entry.hint, f"{exercise_id} has no hint"
     if entry.answer_hint:
         assert entry.answer_hint not in entry.hint
+
+
+def test_check_says_it_wants_the_function_not_its_name_or_its_result(capsys):
+    result = check("1.1.1", "numerical_derivative")
+    assert result.status == "failed" and "without quotes" in result.message and "'numerical_derivative'" in result.message
+    result = check("1.1.1", 0.5)
+    assert result.status == "failed" and "got a float" in result.message

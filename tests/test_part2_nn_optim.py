@@ -305,3 +305,14 @@ def test_sequential_refuses_what_is_not_a_module():
         nn.ModuleList([3])
     model = nn.Sequential(nn.Linear(2, 3, rng=0), nn.ReLU(), nn.Linear(3, 1, rng=0))
     assert len(model) == 3
+
+
+def test_integer_features_give_the_weights_dtype():
+    layer = nn.Linear(3, 2)
+    for features in (np.array([[1, 2, 3]]), np.array([[True, False, True]])):
+        out = layer(Tensor(features))
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(out.data, layer(Tensor(features.astype(np.float32))).data)
+    double = nn.Linear(3, 2)
+    double.weight.data, double.bias.data = double.weight.data.astype(np.float64), double.bias.data.astype(np.float64)
+    assert double(Tensor(np.array([[1, 2, 3]]))).dtype == np.float64

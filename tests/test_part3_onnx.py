@@ -642,3 +642,15 @@ def test_pytorch_exports_with_a_dynamic_batch(tmp_path):
             xb = np.random.default_rng(n).normal(size=(n,) + tuple(shape[1:])).astype(np.float32)
             want = ort.InferenceSession(str(path)).run(None, {"x": xb})[0]
             np.testing.assert_allclose(server.run("y", {"x": xb}), want, rtol=1e-5, atol=1e-5)
+
+
+def test_every_unsupported_operator_is_named_at_once(tmp_path):
+    nodes = [helper.make_node("Floor", ["a"], ["f"], name="down"), helper.make_node("Relu", ["f"], ["r"], name="ok"),
+             helper.make_node("Ceil", ["r"], ["c"], name="up"), helper.make_node("Floor", ["c"], ["y0"], name="again")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match=r"node 'down' \(Floor, opset 17\) is not supported by minitf; in all the "
+                                         r"file uses 2 operators that minitf does not implement, in 3 nodes: Ceil, "
+                                         r"Floor: it reads"):
+        tf.from_onnx(tmp_path / "m.onnx")

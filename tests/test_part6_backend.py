@@ -4,9 +4,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import course.kernels as K
+from course.kernels import cuda
 
 pytestmark = pytest.mark.part6
 
@@ -125,3 +127,26 @@ def test_without_nvidia_s_bindings_numba_cuda_is_switched_to_its_own(monkeypatch
     monkeypatch.setattr(_backend, "_has_nvidia_bindings", lambda: True)
     _backend._use_bindings_that_exist()
     assert "NUMBA_CUDA_USE_NVIDIA_BINDING" not in os.environ
+
+
+def _add_one(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+
+@pytest.mark.skipif(K.backend() != "simulator", reason="a GPU refuses such launches itself")
+def test_a_launch_written_directly_is_held_to_a_gpus_limits_on_the_simulator():
+    add_one = K.cuda.jit(_add_one)
+    x = np.zeros(8, np.float32)
+    add_one[1, 8](x)
+    assert x.sum() == 8
+    with pytest.raises(ValueError) as direct:
+        add_one[2, 2048](x)
+    with pytest.raises(ValueError) as through_launch:
+        K.launch(add_one, 2, 2048, x)
+    assert str(direct.value) == str(through_launch.value) and "1024 threads per block" in str(direct.value)
+    with pytest.raises(ValueError, match="the block's z dimension 65 is over the limit of 64"):
+        add_one[1, (1, 1, 65)](x)
+    with pytest.raises(ValueError, match="100000 bytes of dynamic shared memory"):
+        add_one[1, 8, 0, 100_000](x)

@@ -456,6 +456,11 @@ def run(exercise_id, candidate, gate=True, fresh=None):
     fresh = _FRESH if fresh is None else fresh
     rng = np.random.default_rng(seed if fresh is None else [fresh, seed])
     _seen.returned = _NOTHING
+    if not callable(candidate):  # check("4.2.1", "np.triu"), or a value the function returned
+        what = f"the string {candidate!r}" if isinstance(candidate, str) else _describe(candidate)
+        return CheckResult(exercise_id, "failed",
+                           f"[{exercise_id}] failed: check wants the function you wrote (its name, without quotes "
+                           f"or parentheses), got {what}.")
     try:
         if not gate:
             entry_.fn(candidate, rng)

@@ -187,9 +187,33 @@ def _simulator_takes_alignment():
     kernelapi.FakeCUDALocal.array = local_array
 
 
+def _simulator_keeps_gpu_limits():
+    """Numba's simulator runs `kernel[2, 2048](...)`, which every GPU refuses (at most 1024 threads
+    per block): a launch written directly, not through `launch`, is held to the same limits, with
+    the same message. Dynamic shared memory is held to the 48 KiB a block gets without asking."""
+    from numba.cuda.simulator import kernel as simulated
+
+    configure = simulated.FakeCUDAKernel.__getitem__
+
+    def __getitem__(self, configuration):
+        from .launch import MAX_DYNAMIC_SHARED, check_launch, kernel_name
+
+        if not isinstance(configuration, tuple) or len(configuration) < 2:
+            raise TypeError(f"{kernel_name(self)}: launch it as kernel[blocks, threads_per_block](...)")
+        name = kernel_name(self)
+        check_launch(configuration[0], configuration[1], name)
+        if len(configuration) == 4 and configuration[3] > MAX_DYNAMIC_SHARED:
+            raise ValueError(f"{name}: {configuration[3]} bytes of dynamic shared memory is more than the "
+                             f"{MAX_DYNAMIC_SHARED} bytes a block gets on a GPU")
+        return configure(self, configuration)
+
+    simulated.FakeCUDAKernel.__getitem__ = __getitem__
+
+
 BACKEND, cuda, REASON = choose()
 if BACKEND == "simulator":
     _simulator_takes_alignment()
+    _simulator_keeps_gpu_limits()
 
 if BACKEND == "gpu":
     # The lessons launch deliberately small grids and pass NumPy arrays: on a real GPU numba would

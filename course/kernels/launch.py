@@ -15,6 +15,7 @@ from ._backend import backend, cuda
 # CUDA's limits (the same on every GPU since compute capability 3.0); a real device is asked.
 MAX_THREADS_PER_BLOCK = 1024
 MAX_BLOCK_DIM = (1024, 1024, 64)
+MAX_DYNAMIC_SHARED = 48 * 1024  # bytes of dynamic shared memory per block, without opting in
 MAX_GRID_DIM = (2 ** 31 - 1, 65535, 65535)
 if backend() == "gpu":
     _device = cuda.get_current_device()

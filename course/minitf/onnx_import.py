@@ -159,6 +159,7 @@ class _Reader:
             raise KeyError(f"{self.filename} has no input named {sorted(unknown)[0]!r} (its inputs: {inputs})")
         for tensor in graph.initializer:
             self.node_of[tensor.name] = self.constant(np.array(numpy_helper.to_array(tensor)), tensor.name)
+        self.refuse_unsupported(graph.node)
         for node in graph.node:
             self.convert(node)
         outputs = []
@@ -186,6 +187,25 @@ class _Reader:
         self.node_of[name] = self.add("placeholder", [], {"shape": shape, "dtype": dtype}, name=name)
         self.reads[name] = frozenset([name])
         return name
+
+    def refuse_unsupported(self, nodes):
+        """Every operator of the file that minitf does not implement, named at once (not only the
+        first, to be met again after each fix)."""
+        foreign = [n for n in nodes if n.domain not in ("", "ai.onnx")]
+        missing = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type not in CONVERTERS]
+        if not foreign and not missing:
+            return
+        kinds = sorted({n.op_type + (f" (domain '{n.domain}')" if n in foreign else "") for n in foreign + missing})
+        more = ""
+        if len(kinds) > 1:
+            more = (f"; in all the file uses {len(kinds)} operators that minitf does not implement, in "
+                    f"{len(foreign) + len(missing)} nodes: {', '.join(kinds)}")
+        first = min(foreign + missing, key=list(nodes).index)
+        if first in foreign:
+            raise ValueError(f"{self.filename}: {self.describe(first)} is in the operator domain '{first.domain}', "
+                             f"which minitf does not implement (it reads the standard ONNX operators){more}")
+        raise ValueError(f"{self.filename}: {self.describe(first)} is not supported by minitf{more}: it reads "
+                         f"{', '.join(sorted(CONVERTERS))}")
 
     def convert(self, node):
         if node.domain not in ("", "ai.onnx"):
