@@ -32,6 +32,34 @@ def reshape_target(input_shape, target):
     return tuple(dims)
 
 
+def reshape_with_true_division(input_shape, target):  # 24 / 2 is 12.0, a float np.reshape refuses
+    dims = [input_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in dims:
+        dims[dims.index(-1)] = math.prod(input_shape) / math.prod(d for d in dims if d != -1)
+    return tuple(dims)
+
+
+def reshape_as_strings(input_shape, target):
+    return tuple(str(d) for d in reshape_target(input_shape, target))
+
+
+def reshape_every_minus_one(input_shape, target):  # -1 in the input's place, not once for the rest
+    return tuple(input_shape[i] if d in (0, -1) and i < len(input_shape) else d for i, d in enumerate(target))
+
+
+def reshape_ignores_zero(input_shape, target):  # 0 read as a zero-length axis
+    dims = list(target)
+    if -1 in dims:
+        known = math.prod(d for d in dims if d not in (-1, 0)) or 1
+        dims[dims.index(-1)] = math.prod(input_shape) // known
+    return tuple(dims)
+
+
+def reshape_total_not_rest(input_shape, target):  # -1 given every value, not those the others leave
+    dims = [input_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    return tuple(math.prod(input_shape) if d == -1 else d for d in dims)
+
+
 def sequential_to_graph(model):
     g = tf.Graph()
     with g.as_default():
@@ -71,6 +99,7 @@ ALTERNATIVES = [
     ("3.4.1", lambda a, b, c=None, alpha=1.0, beta=1.0, trans_a=False, trans_b=False:
         np.einsum("ik,kj->ij", a.T if trans_a else a, b.T if trans_b else b) * alpha + (0 if c is None else beta * c)),
     ("3.4.2", lambda shape, target: list(reshape_target(shape, target))),
+    ("3.4.2", lambda shape, target: np.array(reshape_target(shape, target))),
     ("3.4.2", lambda shape, target: np.zeros(shape).reshape([s if t == 0 else t for s, t in zip(shape, target)]
                                                            + list(target[len(shape):])).shape),
     ("3.4.3", sequential_with_variables),
@@ -199,7 +228,12 @@ KNOWN_WRONG = {
               (gemm_in_place, ["changed its inputs"])],
     "3.4.2": [(reshape_zero_is_zero, ["target (0, -1)", "expected (2, 12), got (0, 24)"]),
               (reshape_minus_one_before_zero, ["target (0, -1)", "expected (2, 12), got (2, 24)"]),
-              (reshape_forgets_return, ["returned None"])],
+              (reshape_forgets_return, ["returned None"]),
+              (reshape_with_true_division, ["every size must be an int, got 12.0 (float)", "np.reshape refuses it"]),
+              (reshape_as_strings, ["every size must be an int", "(str)"]),
+              (reshape_every_minus_one, ["expected (2, 12), got (2, 3)"]),
+              (reshape_ignores_zero, ["target (0, -1)", "expected (2, 12), got (0, 24)"]),
+              (reshape_total_not_rest, ["expected (2, 12), got (2, 24)"])],
     "3.4.3": [(graph_without_transpose, ["Linear(3, 3), Tanh"]),
               (graph_without_bias, ["Linear(5, 3)", "output"]),
               (graph_only_linear, ["ReLU, Linear(6, 2)"]),

@@ -149,6 +149,36 @@ def silent_error(d):
     return config_from_gpt2(d)
 
 
+def accepts_every_gelu(d):  # the erf GELU let through: a model that computes the tanh form gets it
+    if not d.get("activation_function", "gelu_new").startswith("gelu"):
+        raise ValueError("activation_function must be a GELU")
+    return config_from_gpt2(dict(d, activation_function="gelu_new"))
+
+
+def asserts_instead(d):
+    assert d.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"), \
+        "activation_function is not the tanh GELU"
+    return config_from_gpt2(d)
+
+
+def raises_type_error(d):
+    if d.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        raise TypeError("activation_function is not the tanh GELU")
+    return config_from_gpt2(d)
+
+
+def refuses_gelu_fast(d):  # gelu_fast is a tanh approximation too
+    if d.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation_function {d['activation_function']!r} is not supported")
+    return config_from_gpt2(d)
+
+
+def ignores_a_missing_activation(d):  # a file without the key means GPT-2's gelu_new, not an error
+    if d.get("activation_function") not in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        raise ValueError("activation_function is missing or not the tanh GELU")
+    return config_from_gpt2(d)
+
+
 def uses_n_ctx(d):
     return config_from_gpt2(dict(d, n_positions=d.get("n_ctx", 2 * d["n_positions"])))
 
@@ -198,8 +228,13 @@ KNOWN_WRONG = {
               (by_the_library_loader, ["write this yourself", "course.gpt.GPT.from_pretrained"])],
     "4.5.3": [(ignores_epsilon, ["layer_norm_epsilon: expected 0.001, got 1e-05"]),
               (untied_by_default, ["tie_word_embeddings: expected True, got False", "leave out"]),
-              (accepts_any_activation, ["expected an error naming activation_function"]),
+              (accepts_any_activation, ["expected a ValueError naming activation_function", "'relu'"]),
               (silent_error, ["the error should name the key activation_function"]),
+              (accepts_every_gelu, ["expected a ValueError naming activation_function", "'gelu'"]),
+              (asserts_instead, ["expected a ValueError naming activation_function", "got AssertionError"]),
+              (raises_type_error, ["expected a ValueError", "got TypeError"]),
+              (refuses_gelu_fast, ["raised ValueError", "'gelu_fast'"]),
+              (ignores_a_missing_activation, ["raised ValueError", "a small config with n_inner"]),
               (uses_n_ctx, ["block_size: expected 24, got 48"]),
               (by_the_library_config, ["write this yourself", "course.gpt.pretrained.config_from_hf"])],
     "4.5.4": [(big_endian_length, ["raised UnicodeDecodeError", "little-endian"]),
@@ -240,6 +275,24 @@ def config_by_renaming(d):
     return GPTConfig(**{ours: d.get(theirs, defaults.get(theirs)) for theirs, ours in names.items()})
 
 
+def to_course_state_emptying_the_dict(tensors):  # right: the dict is emptied, its arrays untouched
+    state = to_course_state(dict(tensors))
+    tensors.clear()
+    return state
+
+
+TANH_FORMS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})
+
+
+def config_with_a_guard_clause(d):
+    activation = d.get("activation_function") or "gelu_new"
+    if activation in TANH_FORMS:
+        return GPTConfig(d["vocab_size"], d["n_positions"], d["n_layer"], d["n_head"], d["n_embd"],
+                         layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5), n_inner=d.get("n_inner"),
+                         tie_word_embeddings=d.get("tie_word_embeddings", True))
+    raise ValueError(f"cannot load activation_function={activation!r}: only the tanh GELU")
+
+
 def load_tensor_with_struct(data, name):
     import struct
 
@@ -253,6 +306,6 @@ def load_tensor_with_struct(data, name):
 
 @pytest.mark.parametrize("exercise_id,candidate", [
     ("4.5.1", bytes_to_unicode_by_lists), ("4.5.2", to_course_state_by_comprehension),
-    ("4.5.3", config_by_renaming), ("4.5.4", load_tensor_with_struct)])
+    ("4.5.2", to_course_state_emptying_the_dict), ("4.5.3", config_by_renaming), ("4.5.3", config_with_a_guard_clause), ("4.5.4", load_tensor_with_struct)])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate, capsys):
     assert check(exercise_id, candidate).status == "passed", capsys.readouterr().out

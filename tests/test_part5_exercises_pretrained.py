@@ -55,6 +55,62 @@ def to_hf_tensors(state, vocab_size):
 RIGHT = {"5.5.1": to_course_state, "5.5.2": mamba_config, "5.5.3": to_hf_tensors}
 
 
+def popping(answer):
+    """A right answer that takes the tensors out of the dict it is given as it goes."""
+    def taking(tensors, *args):
+        result = answer(dict(tensors), *args)
+        for name in list(tensors):
+            tensors.pop(name)
+        return result
+    return taking
+
+
+def rounds_the_rank_down(d):  # d_model // 16, where "auto" is the ceiling
+    if "hidden_size" in d and "time_step_rank" not in d:
+        d = dict(d, time_step_rank=d["hidden_size"] // 16)
+    return mamba_config(d)
+
+
+def asserts_no_bias(d):
+    assert not d.get("use_bias"), "use_bias is not supported"
+    return mamba_config(dict(d, use_bias=False))
+
+
+def raises_key_error(d):
+    if d.get("use_bias"):
+        raise KeyError("use_bias")
+    return mamba_config(d)
+
+
+def rank_from_the_state_size(d):  # the rank confused with another size
+    if "hidden_size" in d:
+        d = dict(d, time_step_rank=d.get("state_size", 16) // 16)
+    return mamba_config(d)
+
+
+def expand_fixed_at_two(d):
+    return mamba_config(dict(d, expand=2) if "hidden_size" in d else d)
+
+
+def mamba_config_by_table(d):  # right, written otherwise: one table of names for each layout
+    import math as _math
+
+    from course.mamba import MambaConfig
+
+    if d.get("use_bias"):
+        raise ValueError("use_bias=True: the course's Mamba has no in_proj/out_proj biases")
+    if "hidden_size" in d:
+        get = d.get
+        rank = get("time_step_rank") or _math.ceil(d["hidden_size"] / 16)
+        return MambaConfig(d_model=d["hidden_size"], n_layer=d["num_hidden_layers"], vocab_size=d["vocab_size"],
+                           d_state=get("state_size", 16), expand=get("expand", 2), d_conv=get("conv_kernel", 4),
+                           dt_rank=rank)
+    ssm = d.get("ssm_cfg") or {}
+    return MambaConfig(d_model=d["d_model"], n_layer=d["n_layer"], vocab_size=d["vocab_size"],
+                       d_state=ssm.get("d_state", 16), expand=ssm.get("expand", 2), d_conv=ssm.get("d_conv", 4),
+                       dt_rank=ssm.get("dt_rank", "auto"))
+
+
 def stub(*args, **kwargs):
     raise NotImplementedError
 
@@ -163,7 +219,12 @@ KNOWN_WRONG = {
     "5.5.2": [(auto_rank, ["dt_rank: expected 5, got 2", "time_step_rank 5"]),
               (ignores_ssm_cfg, ["d_state: expected 4, got 16", "ssm_cfg"]),
               (ignores_conv_kernel, ["d_conv: expected 3, got 4"]),
-              (accepts_biases, ["expected an error naming use_bias"]),
+              (accepts_biases, ["expected a ValueError naming use_bias"]),
+              (rounds_the_rank_down, ["dt_rank: expected 3, got 2", "hidden_size 40"]),
+              (asserts_no_bias, ["expected a ValueError naming use_bias", "got AssertionError"]),
+              (raises_key_error, ["expected a ValueError naming use_bias", "got KeyError"]),
+              (rank_from_the_state_size, ["dt_rank: expected 48, got 1"]),
+              (expand_fixed_at_two, ["expand: expected 3, got 2"]),
               (by_the_library_config, ["write this yourself", "course.mamba.pretrained.config_from_file"])],
     "5.5.3": [(keeps_padding, ["backbone.embeddings.weight: expected shape (13, 4), got (16, 4) (only the vocab_size real rows)"]),
               (writes_lm_head, ["lm_head.weight is tied"]),
@@ -204,7 +265,8 @@ def to_hf_tensors_by_comprehension(state, vocab_size):
 
 
 @pytest.mark.parametrize("exercise_id,candidate", [
-    ("5.5.1", to_course_state_with_pad), ("5.5.2", mamba_config_from_either),
-    ("5.5.3", to_hf_tensors_by_comprehension)])
+    ("5.5.1", to_course_state_with_pad), ("5.5.2", mamba_config_from_either), ("5.5.2", mamba_config_by_table),
+    ("5.5.3", to_hf_tensors_by_comprehension), ("5.5.1", popping(to_course_state)),
+    ("5.5.3", popping(to_hf_tensors))])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate, capsys):
     assert check(exercise_id, candidate).status == "passed", capsys.readouterr().out

@@ -554,6 +554,33 @@ def kernel_relu(x, forward_kernel, backward_kernel):
     return operation("kernel_relu", out, (x,), backward)
 
 
+def kernel_relu_float64_out(x, forward_kernel, backward_kernel):  # np.empty's default dtype
+    blocks = (x.data.size + 31) // 32
+    out = np.empty(x.data.shape)
+    forward_kernel[blocks, 32](x.data, out)
+    return operation("kernel_relu", out, (x,), lambda g: g * (x.data > 0))
+
+
+def kernel_relu_without_x(x, forward_kernel, backward_kernel):  # x not among the operation's inputs
+    blocks = (x.data.size + 31) // 32
+    out = np.empty_like(x.data)
+    forward_kernel[blocks, 32](x.data, out)
+    return operation("kernel_relu", out, (), lambda g: ())
+
+
+def kernel_relu_backward_in_numpy(x, forward_kernel, backward_kernel):
+    blocks = (x.data.size + 31) // 32
+    out = np.empty_like(x.data)
+    forward_kernel[blocks, 32](x.data, out)
+    return operation("kernel_relu", out, (x,), lambda g: (g * (x.data > 0)).astype(x.data.dtype))
+
+
+def kernel_relu_named_relu(x, forward_kernel, backward_kernel):
+    y = kernel_relu(x, forward_kernel, backward_kernel)
+    y.op = "relu"
+    return y
+
+
 def kernel_relu_forgot_return(x, forward_kernel, backward_kernel):
     kernel_relu(x, forward_kernel, backward_kernel)
 
@@ -1248,6 +1275,10 @@ CASES = [
     ("6.4.2", kernel_relu, kernel_relu_forgot_return, "did it forget `return`"),
     ("6.4.2", kernel_relu, kernel_relu_one_block, "element 32 of out was never written"),
     ("6.4.2", kernel_relu, kernel_relu_numpy, "never launched forward_kernel"),
+    ("6.4.2", kernel_relu, kernel_relu_float64_out, "the result is float64 for a float32 x"),
+    ("6.4.2", kernel_relu, kernel_relu_without_x, "does not depend on any tensor with requires_grad"),
+    ("6.4.2", kernel_relu, kernel_relu_backward_in_numpy, "never launched backward_kernel"),
+    ("6.4.2", kernel_relu, kernel_relu_named_relu, "expected 'kernel_relu'"),
     ("6.4.3", matmul_backward, matmul_backward_no_transpose, "do not fit"),
     ("6.4.3", matmul_backward, matmul_backward_numpy, "make both products with the matmul you are given"),
     ("6.1.1", global_index_2d, global_index_2d_half, "whole numbers"),

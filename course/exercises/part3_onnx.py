@@ -56,9 +56,13 @@ def _(candidate, rng):
         on = f"input shape {shape}, target {target}"
         got = call(candidate, shape, target, on=on)
         try:
-            got = tuple(int(d) for d in got)
-        except (TypeError, ValueError):
+            sizes = list(got)
+        except TypeError:
             raise CheckFailed(f"expected a tuple of sizes on {on}, got {got!r}") from None
+        odd = [d for d in sizes if isinstance(d, bool) or not isinstance(d, (int, np.integer))]
+        expect(not odd, f"every size must be an int, got {odd[0]!r} ({type(odd[0]).__name__}) in {got!r} on {on}: "
+                        f"np.reshape refuses it" if odd else "")
+        got = tuple(int(d) for d in sizes)
         expect(got == want, f"expected {want}, got {got} on {on}")
 
 

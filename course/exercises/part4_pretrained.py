@@ -85,6 +85,7 @@ def _(candidate, rng):
                                 ("transformer.", False, "names with the transformer. prefix (as GPT2LMHeadModel saves)")]:
         tensors = _gpt2_file(rng, prefix=prefix, buffers=buffers)
         given = {k: v.copy() for k, v in tensors.items()}
+        arrays = dict(given)  # the dict is the learner's to empty; its arrays are not
         got = call(candidate, given, on=on)
         if not isinstance(got, dict):
             raise CheckFailed(f"expected a dict name -> array, got {type(got).__name__} on {on}")
@@ -107,7 +108,7 @@ def _(candidate, rng):
                         "should be the file's array unchanged")
                 raise CheckFailed(f"{name}: wrong values ({what}) on {on}")
         for k, v in tensors.items():
-            expect(np.array_equal(given[k], v), f"the input {k} was changed: leave the file's tensors as they are")
+            expect(np.array_equal(arrays[k], v), f"the input {k} was changed: leave the file's tensors as they are")
 
 
 def _ref_config(d):
@@ -137,7 +138,8 @@ def _(candidate, rng):
              ({"vocab_size": 61, "n_positions": 24, "n_embd": 32, "n_layer": 3, "n_head": 4, "n_inner": 48,
                "layer_norm_epsilon": 1e-3, "tie_word_embeddings": False}, "a small config with n_inner, eps 1e-3, untied"),
              ({"vocab_size": 10, "n_positions": 7, "n_embd": 8, "n_layer": 1, "n_head": 2,
-               "activation_function": "gelu_pytorch_tanh"}, "a config that leaves out eps, n_inner and tying")]
+               "activation_function": "gelu_pytorch_tanh"}, "a config that leaves out eps, n_inner and tying"),
+             (dict(gpt2, activation_function="gelu_fast"), "GPT-2's config with activation_function 'gelu_fast'")]
     for d, on in cases:
         got = call(candidate, json.loads(json.dumps(d)), on=on)
         if not isinstance(got, GPTConfig):
@@ -147,17 +149,24 @@ def _(candidate, rng):
                       "tie_word_embeddings"):
             expect(getattr(got, field) == getattr(expected, field),
                    f"{field}: expected {getattr(expected, field)!r}, got {getattr(got, field)!r} on {on}")
-    bad = dict(gpt2, activation_function="relu")
-    on = "a config with activation_function 'relu'"
-    try:
-        candidate(bad)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001  (any clear error will do, if it names the key)
-        expect("activation_function" in str(e), f"the error should name the key activation_function, got {e!r} on {on}")
-    else:
-        raise CheckFailed(f"expected an error naming activation_function on {on}: the course's GELU is the tanh "
-                          f"approximation, so a model built with another would compute something else")
+    # Any other activation is refused, with a ValueError: the erf GELU ("gelu", "gelu_python") differs
+    # from the tanh form by up to about 1e-3, a silent mismatch a model built with it would carry.
+    for activation in ("relu", "gelu", "gelu_python", "quick_gelu", "silu"):
+        bad = dict(gpt2, activation_function=activation)
+        on = f"a config with activation_function {activation!r}"
+        try:
+            candidate(bad)
+        except NotImplementedError:
+            raise
+        except ValueError as e:
+            expect("activation_function" in str(e),
+                   f"the error should name the key activation_function, got {e!r} on {on}")
+        except Exception as e:  # noqa: BLE001 - the wrong kind of error
+            raise CheckFailed(f"expected a ValueError naming activation_function on {on}, got "
+                              f"{type(e).__name__}: {e}") from None
+        else:
+            raise CheckFailed(f"expected a ValueError naming activation_function on {on}: the course's GELU is "
+                              f"the tanh approximation, so a model built with another would compute something else")
 
 
 def _safetensors_bytes(tensors, metadata=None):

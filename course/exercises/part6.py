@@ -902,6 +902,9 @@ def _(candidate, rng):
             raise CheckFailed(f"expected a Tensor (made with operation(...)), got {type(y).__name__} on {on}")
         expect(y.op == "kernel_relu", f"the result's operation is named {y.op!r}, expected 'kernel_relu' on {on}")
         expect(forward.launches, f"your function never launched forward_kernel on {on}")
+        expect(np.asarray(y.data).dtype == data.dtype,
+               f"the result is {np.asarray(y.data).dtype} for a {data.dtype} x on {on}: make the output array in "
+               f"x's dtype")
         expect_close(y.data, np.maximum(data, 0), on=on, rtol=0, atol=0, what="forward result")
         g = rng.standard_normal(data.shape).astype(np.float32)
         try:
@@ -912,6 +915,9 @@ def _(candidate, rng):
             raise CheckFailed(f"y.backward(g) raised {type(err).__name__}: {err} on {on}") from None
         expect(backward.launches, f"the backward never launched backward_kernel on {on}")
         expect(x.grad is not None, f"x.grad is None after y.backward(g) on {on}: pass x among the inputs of operation")
+        expect(np.asarray(x.grad).dtype == data.dtype,
+               f"x.grad is {np.asarray(x.grad).dtype} for a {data.dtype} x on {on}: make the gradient array in "
+               f"x's dtype")
         expect_close(x.grad, np.where(data > 0, g, 0), on=on, rtol=0, atol=0, what="x.grad")
 
 
