@@ -210,6 +210,44 @@ def always_float32(data, name):
     return np.frombuffer(data[8 + n + start:8 + n + end], dtype=np.float32).reshape(info["shape"])
 
 
+def sizes_in_key_order(data, name):  # data_offsets ignored: the tensors laid end to end in the header's order
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    at = 8 + n
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        size = int(np.prod(info["shape"])) * np.dtype(DTYPES[info["dtype"]]).itemsize
+        if key == name:
+            return np.frombuffer(data[at:at + size], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+        at += size
+
+
+def header_without_its_length(data, name):  # the JSON read from byte 8 to its end, the 8 bytes skipped wrongly
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[n + start:n + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def flat_tensor(data, name):  # the shape forgotten
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    return np.frombuffer(data[8 + n + start:8 + n + end], dtype=DTYPES[info["dtype"]])
+
+
+def float16_as_float32(data, name):  # F16 read as a 4-byte float
+    table = dict(DTYPES, F16=np.float32)
+    n = int.from_bytes(data[:8], "little")
+    info = json.loads(data[8:8 + n])[name]
+    start, end = info["data_offsets"]
+    raw = data[8 + n + start:8 + n + end]
+    if info["dtype"] != "F16":
+        return np.frombuffer(raw, dtype=table[info["dtype"]]).reshape(info["shape"])
+    return np.frombuffer(raw[:len(raw) // 4 * 4], dtype=np.float32)
+
+
 def by_safetensors(data, name):
     from safetensors.numpy import load
 
@@ -239,7 +277,11 @@ KNOWN_WRONG = {
               (by_the_library_config, ["write this yourself", "course.gpt.pretrained.config_from_hf"])],
     "4.5.4": [(big_endian_length, ["raised UnicodeDecodeError", "little-endian"]),
               (offsets_from_the_start, ["do the offsets start after the header?"]),
-              (always_float32, ["raised ValueError", "the dtype is written there"]),
+              (always_float32, ["the dtype is written there"]),
+              (sizes_in_key_order, ["stored in another order than listed"]),
+              (header_without_its_length, ["stored in another order than listed"]),
+              (flat_tensor, ["expected shape (5, 3), got (15,)"]),
+              (float16_as_float32, ["expected dtype float16 (the header says it), got float32"]),
               (by_safetensors, ["write this yourself", "safetensors.numpy.load"])],
 }
 

@@ -213,9 +213,41 @@ def masked_softmax_global_max(scores, mask):
         return e / e.sum(axis=-1, keepdims=True)
 
 
+def masked_softmax_max_before_masking(scores, mask):  # the row's max taken with the hidden scores in it
+    e = np.exp(np.where(mask, -np.inf, scores) - scores.max(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def masked_softmax_zero_not_minus_inf(scores, mask):  # a hidden score set to 0 still gets weight
+    scores = np.where(mask, 0.0, scores)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def masked_softmax_after(scores, mask):  # the softmax taken first, the hidden weights zeroed after
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.where(mask, 0.0, e / e.sum(axis=-1, keepdims=True))
+
+
+def masked_softmax_inverted_mask(scores, mask):  # True read as "may look"
+    return masked_softmax(scores, ~mask)
+
+
+def masked_softmax_over_the_wrong_axis(scores, mask):
+    scores = np.where(mask, -np.inf, scores)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
 KNOWN_WRONG = {exercise_id: [(wrong, [names])] for exercise_id, _, wrong, names in CASES}
 for exercise_id, wrong, words in [
     ("4.2.2", masked_softmax_global_max, ["different scales", "each row's own max"]),
+    ("4.2.2", masked_softmax_max_before_masking, ["large score masked", "should not set the max"]),
+    ("4.2.2", masked_softmax_zero_not_minus_inf, ["zeros (3, 3), causal mask", "expected result"]),
+    ("4.2.2", masked_softmax_after, ["zeros (3, 3), causal mask", "expected result"]),
+    ("4.2.2", masked_softmax_inverted_mask, ["causal mask"]),
+    ("4.2.2", masked_softmax_over_the_wrong_axis, ["zeros (3, 3), causal mask"]),
     ("4.1.1", vocab_by_the_library, ["write this yourself", "course.gpt.CharTokenizer"]),
     ("4.1.1", vocab_by_from_text, ["write this yourself", "course.gpt.CharTokenizer"]),
     ("4.1.3", merge_in_place, ["changed the list it was given", "return a new list"]),
@@ -277,6 +309,8 @@ ALTERNATIVES = [
     ("4.1.4", lambda text, merges: tuple(bpe_encode(text, merges))),
     ("4.2.1", lambda T: causal_mask(T).tolist()),
     ("4.2.2", lambda scores, mask: masked_softmax(scores, mask).astype(np.float32)),
+    ("4.2.2", lambda scores, mask: (lambda s: np.exp(s - np.logaddexp.reduce(s, axis=-1, keepdims=True)))(
+        np.where(mask, -np.inf, scores))),
     ("4.2.4", lambda x, n_head: np.stack(np.split(x, n_head, axis=-1), axis=1)),
 ]
 

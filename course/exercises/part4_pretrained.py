@@ -169,11 +169,15 @@ def _(candidate, rng):
                               f"the tanh approximation, so a model built with another would compute something else")
 
 
-def _safetensors_bytes(tensors, metadata=None):
+def _safetensors_bytes(tensors, metadata=None, data_order=None):
+    """A safetensors file of `tensors`; their bytes in `data_order` (names), which need not be the
+    order of the header's keys: only data_offsets say where each one lies."""
     header, offset, body = {}, 0, b""
     if metadata:
         header["__metadata__"] = metadata
-    for name, a in tensors.items():
+    header.update({name: None for name in tensors})
+    for name in data_order or list(tensors):
+        a = tensors[name]
         raw = np.ascontiguousarray(a).tobytes()
         header[name] = {"dtype": {"float32": "F32", "float64": "F64", "int64": "I64", "float16": "F16"}[a.dtype.name],
                         "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
@@ -195,9 +199,11 @@ def _(candidate, rng):
     tensors = {"wte.weight": rng.normal(size=(5, 3)).astype(np.float32),
                "h.0.attn.c_attn.weight": rng.normal(size=(3, 9)).astype(np.float64),
                "steps": np.arange(4, dtype=np.int64), "half": rng.normal(size=(2, 2)).astype(np.float16)}
-    data = _safetensors_bytes(tensors, metadata={"format": "pt"})
+    # The bytes in another order than the header's keys: only data_offsets say where a tensor lies.
+    data = _safetensors_bytes(tensors, metadata={"format": "pt"},
+                              data_order=["half", "steps", "h.0.attn.c_attn.weight", "wte.weight"])
     for name in ["wte.weight", "h.0.attn.c_attn.weight", "steps", "half"]:
-        on = f"the tensor {name!r} of a file holding {len(tensors)} tensors"
+        on = f"the tensor {name!r} of a file holding {len(tensors)} tensors (stored in another order than listed)"
         got = call(candidate, data, name, on=on)
         if not isinstance(got, np.ndarray):
             raise CheckFailed(f"expected a NumPy array, got {type(got).__name__} on {on}")

@@ -215,7 +215,9 @@ def _(candidate, rng):
              (rng.normal(size=(2, 3, 5, 5)), _ref_mask(5), "random (2, 3, 5, 5), causal mask (5, 5) broadcast"),
              (np.array([[1000.0, 999.0, 0.0], [-1000.0, -1001.0, -2000.0]]),
               np.array([[False, False, False], [False, False, True]]),
-              "rows of very different scales [[1000, 999, 0], [-1000, -1001, -2000]], -2000 masked")]
+              "rows of very different scales [[1000, 999, 0], [-1000, -1001, -2000]], -2000 masked"),
+             (np.array([[-1000.0, -1001.0, 1000.0]]), np.array([[False, False, True]]),
+              "[[-1000, -1001, 1000]] with the large score masked")]
     for scores, mask, on in cases:
         got = call(candidate, scores.copy(), mask.copy(), on=on)
         expected = _ref_softmax(scores, mask)
@@ -223,6 +225,9 @@ def _(candidate, rng):
         if arr.shape == expected.shape and not np.all(np.isfinite(arr)) and "different scales" in on:
             raise CheckFailed(f"the result holds nan or inf on {on}: one max for the whole array leaves a row far "
                               f"below it as 0/0; subtract each row's own max")
+        if arr.shape == expected.shape and not np.all(np.isfinite(arr)) and "large score masked" in on:
+            raise CheckFailed(f"the result holds nan or inf on {on}: a hidden score should not set the max that "
+                              f"the row's visible scores are measured from")
         if arr.shape == expected.shape and not np.all(np.isfinite(arr)):
             raise CheckFailed(f"the result holds nan or inf on {on}: subtract the row max before np.exp")
         expect_close(got, expected, on=on, rtol=1e-6, atol=1e-9)
