@@ -215,6 +215,34 @@ def cross_entropy_global_max(logits, targets, ignore_index=-1):
     return -(picked[keep]).mean()
 
 
+def cross_entropy_float32(logits, targets, ignore_index=-1):  # right: float32 rounds near 1000
+    return np.float32(cross_entropy(logits.astype(np.float32), targets, ignore_index))
+
+
+def cross_entropy_logaddexp(logits, targets, ignore_index=-1):  # right: log-sum-exp by np.logaddexp
+    keep = targets != ignore_index
+    lse = np.logaddexp.reduce(logits, axis=-1)
+    picked = np.take_along_axis(logits, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+    return float((lse - picked)[keep].sum() / keep.sum())
+
+
+def cross_entropy_sum_not_mean(logits, targets, ignore_index=-1):
+    n = (targets != ignore_index).sum()
+    return cross_entropy(logits, targets, ignore_index) * n
+
+
+def cross_entropy_of_probabilities(logits, targets, ignore_index=-1):  # -log p without the log-softmax
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    p = z / z.sum(-1, keepdims=True)
+    keep = targets != ignore_index
+    picked = np.take_along_axis(p, np.where(keep, targets, 0)[..., None], -1)[..., 0]
+    return -(picked[keep]).mean()
+
+
+def cross_entropy_first_target(logits, targets, ignore_index=-1):  # every row scored on target 0
+    return cross_entropy(logits, np.where(targets == ignore_index, targets, 0), ignore_index)
+
+
 for exercise_id, wrong, words in [
     ("4.3.4", cross_entropy_global_max, ["different scales", "each row's own max"]),
     ("4.3.1", count_by_building_the_model, ["write this yourself", "course.gpt.GPT"]),
@@ -228,6 +256,9 @@ for exercise_id, wrong, words in [
     ("4.3.3", lambda x, ln_1, attn, ln_2, mlp: x + attn(ln_1(x)), ["expected result"]),
     ("4.3.2", lambda x, weight, bias, eps=1e-5: layer_norm(x, weight, bias), ["with eps=0.1"]),
     ("4.3.4", lambda logits, targets, ignore_index=-1: cross_entropy(logits, targets), ["with ignore_index=5"]),
+    ("4.3.4", cross_entropy_sum_not_mean, ["expected loss"]),
+    ("4.3.4", cross_entropy_of_probabilities, ["expected loss"]),
+    ("4.3.4", cross_entropy_first_target, ["expected loss"]),
     ("4.4.1", lambda data, starts, block_size: data[starts[:, None] + np.arange(block_size)], ["expected a pair"]),
 ]:
     KNOWN_WRONG[exercise_id].append((wrong, words))
@@ -288,8 +319,10 @@ def top_k_partition(logits, k):
     ("4.4.3", temperature_probs_float32),
     ("4.4.4", cache_update_as_list),
     ("4.4.5", lr_at_float32),
+    ("4.3.4", cross_entropy_float32),
+    ("4.3.4", cross_entropy_logaddexp),
 ], ids=["4.3.1-float", "4.3.2-float32", "4.4.1-lists", "4.4.2-partition", "4.4.3-float32", "4.4.4-list",
-        "4.4.5-float32"])
+        "4.4.5-float32", "4.3.4-float32", "4.3.4-logaddexp"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
 
