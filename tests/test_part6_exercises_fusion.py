@@ -152,6 +152,17 @@ def attention_whole(q, k, v, block, causal=True):
     return (w / w.sum(axis=1, keepdims=True)) @ v
 
 
+def attention_by_strips(q, k, v, block, causal=True):  # (block, T) strips of scores: rows, not tiles
+    out = np.empty((len(q), v.shape[1]))
+    for i in range(0, len(q), block):
+        s = q[i:i + block] @ k.T / np.sqrt(q.shape[1])
+        if causal:
+            s = np.where(np.arange(len(k))[None, :] > np.arange(i, min(i + block, len(q)))[:, None], -np.inf, s)
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        out[i:i + block] = (w / w.sum(axis=1, keepdims=True)) @ v
+    return out
+
+
 def attention_library(q, k, v, block, causal=True):
     from course.kernels import fused
     out, _ = fused.attention_forward(q, k, v, causal)
@@ -174,7 +185,8 @@ KNOWN_WRONG = {
               (tiled_attention_output_not_rescaled, ["attention output"]),
               (tiled_attention_drops_the_last_tile, ["does not divide T"]),
               (tiled_attention_ignores_causal, ["causal=False"]),
-              (attention_whole, ["(512, 512) matrix of scores"]),
+              (attention_whole, ["(512, 512) matrices of scores", "2.0 MiB each"]),
+              (attention_by_strips, ["(64, 512) strip of scores", "whole rows of scores, not tiles"]),
               (attention_library, ["write this yourself"])],
 }
 

@@ -371,7 +371,8 @@ def _number(got, on):
 
 @exercise("6.6.4", inside=True, hint="the squares of every gradient, summed, then the square root: keep all of that on the "
                         "device (a gradient there answers *, .sum() and np.sqrt like a NumPy array), and copy "
-                        "only the final number to the host. A parameter whose gradient is None counts for nothing",
+                        "only the final number to the host, with .item(). A parameter whose gradient is None "
+                        "counts for nothing",
           forbid=["course.optim.clip_grad_norm_"], task="add up the squares of the gradients yourself")
 def _(candidate, rng):
     import course.kernels as K

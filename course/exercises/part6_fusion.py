@@ -169,9 +169,14 @@ def _(candidate, rng):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    expect(peak < t * t * 8 // 4,
-           f"with T={t} and block={block} your function used {peak / 2 ** 20:.1f} MiB at its peak, about as "
-           f"much as a ({t}, {t}) matrix of scores: work on one (block, block) tile at a time")
+    full, strip = t * t * 8, block * t * 8  # bytes of a (T, T) matrix of scores, and of a (block, T) strip
+    if peak >= full // 4:
+        what = (f"as much as {peak / full:.1f} ({t}, {t}) matrices of scores ({full / 2 ** 20:.1f} MiB each)"
+                if peak >= full * 0.75 else
+                f"{peak / strip:.1f} times a ({block}, {t}) strip of scores ({strip / 2 ** 20:.2f} MiB): whole rows "
+                f"of scores, not tiles")
+        raise CheckFailed(f"with T={t} and block={block} your function used {peak / 2 ** 20:.2f} MiB at its peak, "
+                          f"{what}: work on one (block, block) tile at a time")
 
 
 def _tile_mask_only(q, k, v, block):
