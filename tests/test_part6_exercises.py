@@ -982,6 +982,33 @@ def total_by_warps(x, total):
 
 
 @cuda.jit
+def total_by_one_lane_per_warp(x, total):
+    # one atomic per warp, but no shuffle: lane 0 reads its 31 neighbours' elements itself
+    i = cuda.grid(1)
+    if cuda.laneid == 0:
+        s = float32(0)
+        for j in range(32):
+            if i + j < x.size:
+                s += x[i + j]
+        cuda.atomic.add(total, 0, s)
+
+
+@cuda.jit
+def total_by_warps_zeroing(x, total):
+    # total set to 0 inside the kernel: other warps may have added into it already
+    i = cuda.grid(1)
+    if i == 0:
+        total[0] = 0
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
 def total_by_warps_xor(x, total):
     # right too: the butterfly leaves the warp's sum in every lane
     i = cuda.grid(1)
@@ -1298,6 +1325,8 @@ CASES = [
     ("6.2.4", total_by_warps, total_by_warps_every_lane_adds, "expected total[0] = "),
     ("6.2.4", total_by_warps, total_by_atomics_only, "where one per warp (2) is enough"),
     ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
+    ("6.2.4", total_by_warps, total_by_one_lane_per_warp, "rather than one lane reading the others' values"),
+    ("6.2.4", total_by_warps, total_by_warps_zeroing, "does your kernel set total[0] itself?"),
     pytest.param("6.3.5", transpose_tiles, transpose_tiles_padded_inside, "must be a constant", marks=NEEDS_PTX),
     ("6.3.5", transpose_tiles, transpose_tiles_unpadded, "bank conflicts on x of shape (40, 33)"),
     ("6.3.5", transpose_tiles, transpose_without_tile, "transactions of 32 bytes where"),

@@ -580,6 +580,11 @@ def _(candidate, rng):
         if report.races:
             r = report.races[0]
             if r.array in _params(candidate)[1:2]:
+                kinds = {r.first[2], r.second[2]}
+                if "atomic" in kinds and "write" in kinds:  # total set (to 0, say) while others add into it
+                    raise CheckFailed(f"{_thread(report, *r.first[:2])} and {_thread(report, *r.second[:2])} touch "
+                                      f"{r.array}[0] at once on {on}, one of them with a plain write: does your "
+                                      f"kernel set {r.array}[0] itself? It is [0] before the launch; only add into it")
                 raise CheckFailed(f"{_thread(report, *r.first[:2])} and {_thread(report, *r.second[:2])} both "
                                   f"updated {r.array}[0] with a plain read and write, on {on}: when two warps do "
                                   f"that at once, one addition is lost. Use cuda.atomic.add")
@@ -590,6 +595,10 @@ def _(candidate, rng):
         warps = blocks * WARP_BLOCK // 32
         expect(adds <= warps, f"your kernel made {adds} atomic additions on {on}, where one per warp "
                                   f"({warps}) is enough: add up within the warp with shuffles first")
+        shuffles = sum(count for name, count in report.warp_calls.items() if name.startswith("shfl"))
+        expect(shuffles >= warps * 32, f"your kernel made {shuffles} warp shuffles on {on}: the exercise asks each "
+                                       f"warp to add its values by passing them between its lanes, every lane "
+                                       f"taking part, rather than one lane reading the others' values")
 
 
 # ===== 6.3 matrix multiplication ===================================================================

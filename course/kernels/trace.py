@@ -42,7 +42,7 @@ import math
 import re
 import sys
 import types
-from collections import namedtuple
+from collections import Counter, namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -487,6 +487,7 @@ class _Tracer:
         self.uninitialised = []  # (name, index, block, thread, phase)
         self.barrier_issues = []  # (block, waiting, skipped, lines, phase)
         self.warp_issues = []
+        self.warp_calls = Counter()  # warp function name -> calls, over every thread
         self._shared = {}  # (block, k) -> the k-th shared array of that block
         self._shared_used = {}  # block -> bytes of shared memory laid out so far
         self.shared_names = {}
@@ -579,6 +580,7 @@ class _Tracer:
         return self._pause(("barrier", line, predicate))
 
     def _warp(self, name, line, mask, *args):
+        self.warp_calls[name] += 1
         mask = None if mask is None else int(mask) & FULL_MASK
         return self._pause(("warp", name, line, mask, args))
 
@@ -822,6 +824,7 @@ class TraceReport:
         self.uninitialised = [UninitialisedRead(*u, report=self) for u in tracer.uninitialised]
         self.barrier_issues = [BarrierIssue(*b, report=self) for b in tracer.barrier_issues]
         self.warp_issues = list(tracer.warp_issues)
+        self.warp_calls = dict(tracer.warp_calls)  # how often the threads called each warp function
         self.races = self._find_races()
         # bytes of shared memory one block holds (its arrays, each aligned to 16 bytes): with the
         # threads per block, what limits how many blocks a multiprocessor runs at once (occupancy)
