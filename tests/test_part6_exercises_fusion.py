@@ -80,6 +80,24 @@ def bias_gelu_no_bias_gradient(h, bias):
     return out
 
 
+def bias_gelu_from_tensor_arithmetic(h, bias):  # right values, but the engine differentiates it
+    x = h + bias
+    c = np.float64(np.sqrt(2 / np.pi))
+    return 0.5 * x * (1 + (c * (x + 0.044715 * x * x * x)).tanh())
+
+
+def bias_gelu_bias_added_first(h, bias):  # the bias added outside: the operation's inputs are h + bias alone
+    x = h + bias
+    value = 0.5 * x.data * (1 + np.tanh(np.sqrt(2 / np.pi) * (x.data + 0.044715 * x.data ** 3)))
+    return operation("bias_gelu", value, (x,), lambda g: (g,))
+
+
+def bias_gelu_inputs_swapped(h, bias):  # gradients returned in the other order than the inputs
+    out = my_bias_gelu(h, bias)
+    out.inputs = (bias, h)
+    return out
+
+
 def bias_gelu_bias_gradient_not_summed(h, bias):
     out = my_bias_gelu(h, bias)
     backward = out._backward
@@ -180,7 +198,10 @@ KNOWN_WRONG = {
               (bias_gelu_no_bias_gradient, ["bias got no gradient"]),
               (bias_gelu_bias_gradient_not_summed, ["sum the gradient over the rows"]),
               (bias_gelu_with_library, ["write this yourself"]),
-              (bias_gelu_relu, ["forward value gelu(h + bias)"])],
+              (bias_gelu_relu, ["forward value gelu(h + bias)"]),
+              (bias_gelu_from_tensor_arithmetic, ["not by one operation of h and bias", "single operation"]),
+              (bias_gelu_bias_added_first, ["of 1 input(s), not by one operation of h and bias"]),
+              (bias_gelu_inputs_swapped, ["not by one operation of h and bias"])],
     "6.5.3": [(tiled_attention_no_mask_inside, ["inside a tile", "masked"]),
               (tiled_attention_output_not_rescaled, ["attention output"]),
               (tiled_attention_drops_the_last_tile, ["does not divide T"]),

@@ -93,6 +93,11 @@ def _(candidate, rng):
         h, b = Tensor(h_data.copy(), requires_grad=True), Tensor(b_data.copy(), requires_grad=True)
         y = call(candidate, h, b, on=on)
         expect(isinstance(y, Tensor), f"expected a Tensor (made with operation(...)) on {on}, got {type(y).__name__}")
+        made_from = tuple(getattr(y, "inputs", ()) or ())
+        expect(len(made_from) == 2 and made_from[0] is h and made_from[1] is b,
+               f"the result was made by an operation {y.op!r} of {len(made_from)} input(s), not by one operation of "
+               f"h and bias on {on}: the exercise asks for a single operation(...) whose backward you write "
+               f"(Tensor arithmetic builds a chain of operations the engine differentiates for you)")
         value, slope = _gelu_and_slope(h_data + b_data)
         expect_close(y.data, value, on=on, what="forward value gelu(h + bias)")
         expect(np.array_equal(h.data, h_data) and np.array_equal(b.data, b_data),
