@@ -594,7 +594,7 @@ for exercise_id, wrong, words in [
     ("5.1.1", bilinear_by_zoh, ["zero-order hold of section 2"]),
     ("5.1.3", kernel_from_one, ["starts at A_bar**1"]),
     ("5.1.3", kernel_transposed, ["transposed"]),
-    ("5.1.3", kernel_diagonal_only, ["the matrix j times"]),
+    ("5.1.3", kernel_diagonal_only, ["uses only A_bar's diagonal", "whole matrix"]),
     ("5.2.1", combine_affine_offset_wrong, ["second applied first"]),
     ("5.2.3", selective_scan_from_zero, ["zero state"]),
     ("5.1.2", lambda delta, A, B, u: (delta[..., None] * A, discretize_mamba(delta, A, B, u)[1]), ["deltaA"]),

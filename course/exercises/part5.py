@@ -144,13 +144,18 @@ def _(candidate, rng):
         got = call(candidate, A_bar.copy(), B_bar.copy(), C.copy(), L, on=on)
         expected = _ref_kernel_dense(A_bar, B_bar, C, L)
         entrywise = np.array([C @ (A_bar ** j) @ B_bar for j in range(L)])
-        if _same(got, entrywise) and not _same(got, expected):
-            raise CheckFailed(f"A_bar ** j raises each entry to the power j on {on}: the state is multiplied by the "
-                              f"matrix j times (np.linalg.matrix_power, or one product per step)")
         if _same(got, _ref_kernel_dense(A_bar, B_bar, C, L, start=1)) and not _same(got, expected):
             raise CheckFailed(f"your kernel starts at A_bar**1 on {on}: K_0 is C B_bar, the input of this very step")
         if _same(got, _ref_kernel_dense(A_bar.T, B_bar, C, L)) and not _same(got, expected):
             raise CheckFailed(f"your kernel uses A_bar transposed on {on}: the state x becomes A_bar @ x")
+        diagonal = np.array([C @ (np.diag(A_bar) ** j * B_bar) for j in range(L)])
+        if _same(got, diagonal) and not _same(got, expected):
+            raise CheckFailed(f"your kernel matches one that uses only A_bar's diagonal on {on}: with a full "
+                              f"matrix the state is multiplied by the whole matrix, whose other entries mix its "
+                              f"components")
+        if _same(got, entrywise) and not _same(got, expected):
+            raise CheckFailed(f"A_bar ** j raises each entry to the power j on {on}: the state is multiplied by the "
+                              f"matrix j times (np.linalg.matrix_power, or one product per step)")
         expect_close(got, expected, on=on, rtol=_RTOL, atol=_ATOL, what="kernel")
 
 
