@@ -782,6 +782,17 @@ def _clean_env(work):
     return env
 
 
+def _workspace(sandbox):
+    """A fresh folder for one run (removed by `_remove`), and the environment of what runs there:
+    inside the sandbox the folder is seen as SANDBOX_HOME."""
+    work = tempfile.mkdtemp(prefix="grade-")
+    os.mkdir(f"{work}/.tmp")
+    env = _clean_env(work)
+    if sandbox:
+        env = {k: v.replace(work, SANDBOX_HOME) for k, v in env.items()}
+    return work, env
+
+
 def _remove(folder):
     """Remove a run's folder, even where the notebook took away the permission to."""
     def retry(function, path, _):
@@ -821,13 +832,9 @@ def _run(job, time_limit, sandbox, hide):
     key = secrets.token_hex(32)
     tag = RESULT_TAG.encode()
     outcomes = {i: "not run" for i, _ in exercises}
-    work = tempfile.mkdtemp(prefix="grade-")
+    work, env = _workspace(sandbox)
     try:
-        os.mkdir(f"{work}/.tmp")
-        env = _clean_env(work)
-        if sandbox:
-            env = {k: v.replace(work, SANDBOX_HOME) for k, v in env.items()}
-        else:  # a fresh, read-only copy of the course, as the grader read it, for this run alone
+        if not sandbox:  # a fresh, read-only copy of the course, as the grader read it, for this run alone
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [_fresh_copy(f"{work}/.course", job["course"]),
                                                               env.get("PYTHONPATH")]))
         message = {"key": key, "cells": job["cells"], "exercises": exercises, "part": job["part"],
@@ -1041,12 +1048,8 @@ def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
         return {}
     from .instructor import remote
 
-    work = tempfile.mkdtemp(prefix="grade-")
+    work, env = _workspace(sandbox)
     try:
-        os.mkdir(f"{work}/.tmp")
-        env = _clean_env(work)
-        if sandbox:
-            env = {k: v.replace(work, SANDBOX_HOME) for k, v in env.items()}
         return remote.grade_across(job, exercises, sources=sources, env=env, work=work,
                                    sandbox_command=_sandbox_command(hide, course_source=False) if sandbox else None,
                                    kernel_command=_sandbox_command(hide) if sandbox else (),

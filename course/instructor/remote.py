@@ -159,7 +159,9 @@ def check_kernel(exercise, description, *, seed, sources, kernel_command, env, w
     proc = None
     try:
         proc = _start(kernel_command + [sys.executable, "-I", "-c", BOOT],
-                      {"main": "course.instructor.kernels", "root": None, "sources": sources,
+                      {"main": "course.instructor.kernels", "sources": sources,
+                       # inside its sandbox, a folder of the sandbox's own /tmp; else one in the run's folder
+                       "root": None if kernel_command else f"{work}/.kernel-{exercise_id}",
                        "links": _data_links(), "id": exercise_id, "seed": seed, "report_fd": report_write, **job},
                       [report_write], env, work, subprocess.DEVNULL)
         os.close(report_write)
@@ -220,7 +222,8 @@ def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_li
     results = {}
     try:
         answerer = _start((sandbox_command or []) + [sys.executable, "-I", "-c", BOOT],
-                          {"main": "course.instructor.answerer", "root": SOURCE_ROOT if sandbox_command else None,
+                          {"main": "course.instructor.answerer",
+                           "root": SOURCE_ROOT if sandbox_command else f"{work}/.answerer",
                            "sources": sources, "links": links, "preload": preload(cells, part, sources),
                            "exercises": answering}, answerer_fds, env, work, subprocess.DEVNULL)
         for fd in answerer_fds:
