@@ -30,9 +30,7 @@ import weakref
 
 from . import wire
 
-# Statements of a notebook that are definitions (run again when an exercise is answered) rather
-# than work (training, plots, printouts, which are not).
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # prctl(2) options
 
 
 def _prctl(option, value):
