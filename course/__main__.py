@@ -23,7 +23,15 @@ def main(argv=None):
     p.add_argument("parts", nargs="+", help="part numbers (1 2) or folder names (1-micrograd)")
     p.add_argument("--out", required=True, help="folder to write into")
 
-    p = sub.add_parser("grade", help="run submitted notebooks and write one CSV row each")
+    p = sub.add_parser("grade", help="run submitted notebooks and write one CSV row each",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
+  python -m course grade -- submissions/*/1.1-derivatives.ipynb       one lesson, a folder per student
+  python -m course grade --out part1.csv -- subs/*/*.ipynb            every lesson, into part1.csv
+  python -m course grade --jobs 4 --time-limit 120 -- subs/*/*.ipynb  4 at once, 2 minutes each
+  python -m course grade --lesson my-1.1.ipynb -- subs/*.ipynb        all answer this handed-out lesson
+  python -m course grade --memory 4 -- subs/*/*.ipynb                 4 GiB of memory each
+  python -m course grade --no-sandbox -- mine.ipynb                   a notebook you trust, without bubblewrap
+It exits with status 1 when an input could not be graded (a folder, a missing file, not a notebook).""")
     p.add_argument("notebooks", nargs="*", help="the notebooks; after `--`, names that begin with - too")
     p.add_argument("--out", default="grades.csv")
     p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
@@ -61,8 +69,14 @@ def main(argv=None):
         args.notebooks += files
         if not args.notebooks:
             parser.error("grade: give the notebooks to grade (python -m course grade -- *.ipynb)")
-        grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
-              sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory)
+        from .grading import UNGRADED
+
+        rows = grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
+                     sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory)
+        ungraded = [r["notebook"] for r in rows or () if r.get(UNGRADED)]
+        if ungraded:  # a mistyped pattern must not look like a class of zeros graded with success
+            raise SystemExit(f"{len(ungraded)} of {len(rows)} inputs could not be graded (see their status in "
+                             f"{args.out}): {', '.join(ungraded[:3])}{' ...' if len(ungraded) > 3 else ''}")
     elif args.command == "doctor":
         from .doctor import main as doctor
         doctor()

@@ -26,6 +26,7 @@ The README's "For instructors" section says what this does not protect against.
 import ast
 import contextlib
 import csv
+import errno
 import functools
 import hashlib
 import hmac
@@ -77,6 +78,7 @@ Notebooks in this folder:
 """
 
 OUTCOMES = ("passed", "failed", "not attempted", "not run")
+UNGRADED = "_ungraded"  # the key of a row whose input could not be graded at all
 RESULT_TAG = "COURSE-GRADE"       # the runner's report line: tag, signature, JSON
 PEEK = 300                        # longest status text
 LARGEST = 64 << 20                # bytes: a bigger file is not read (a notebook with outputs is a few MB)
@@ -934,6 +936,11 @@ def _prepare(path, data, lessons, lesson=None):
     before anything runs: the lesson it answers, its code cells, anything worth a second look."""
     import nbformat
 
+    if isinstance(data, OSError) and not lesson and _find_lesson(Path(path).name, "", lessons) is None:
+        # a folder, a missing file, a link: say so, rather than that no lesson has this name
+        return {"problem": f"could not read it: {data.strerror or data}", "exercises": []}
+    if not isinstance(data, OSError) and Path(path).suffix != ".ipynb" and not lesson:
+        return {"problem": "not a notebook file (.ipynb): grade the notebooks themselves", "exercises": []}
     text = "" if isinstance(data, OSError) else data.decode("utf-8", errors="replace")
     lesson = Path(lesson) if lesson else _find_lesson(Path(path).name, text, lessons)
     if lesson is None:
@@ -998,11 +1005,15 @@ def _where_checked(exercises):
 def _read(path):
     """The bytes of a regular file, read without following a symbolic link or waiting on a FIFO or
     a device; an OSError saying why not otherwise."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return OSError(f"it is a folder: give the notebooks in it ({Path(path).as_posix()}/*.ipynb)")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as err:
         if os.path.islink(path):
-            return OSError(f"it is a symbolic link (grade the file itself)")
+            return OSError("it is a symbolic link (grade the file itself)")
+        if err.errno == errno.ENOENT:
+            return OSError("there is no such file (a misspelt name, or a pattern that matched nothing?)")
         return err
     try:
         info = os.fstat(fd)
@@ -1122,11 +1133,14 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
             outcomes = {i: "not run" for i, _ in job["exercises"]}
         passed = sum(v == "passed" for v in outcomes.values())
         row = {"notebook": printable(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
+        if "problem" in job:
+            row[UNGRADED] = True  # not a column: the command's exit status says it
         return row, time.monotonic() - start
 
     rows = []
     with _undumpable(), open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
-        writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="")
+        writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="",
+                                extrasaction="ignore")
         writer.writeheader()
         f.flush()
         running = [pool.submit(one, p, job) for p, job in zip(paths, submissions)]

@@ -377,3 +377,22 @@ def test_a_submission_that_kills_every_process_it_can_see_stops_only_itself(tmp_
     rows = _grade_class(tmp_path, {"killer": killer, "honest": honest}, LESSON, True)
     assert rows["killer"]["passed"] == "0", rows["killer"]
     assert rows["honest"]["status"].startswith("ok") and all(rows["honest"][i] == "passed" for i in IDS), rows
+
+
+def test_a_folder_a_missing_file_or_a_readme_is_named_and_the_command_fails(tmp_path, monkeypatch):
+    from course.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "README.md").write_text("# hand-in notes\n")
+    good = tmp_path / LESSON.name
+    nbformat.write(exercise_handout(LESSON), str(good))
+    with pytest.raises(SystemExit, match="3 of 4 inputs could not be graded"):
+        main(["grade", "--no-sandbox", "--time-limit", "60", "--", "alice", "missing.ipynb", "README.md", good.name])
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = {r["notebook"]: r["status"] for r in csv.DictReader(f)}
+    assert rows["alice"] == "could not read it: it is a folder: give the notebooks in it (alice/*.ipynb)"
+    assert rows["missing.ipynb"].startswith("could not read it: there is no such file")
+    assert rows["README.md"] == "not a notebook file (.ipynb): grade the notebooks themselves"
+    assert rows[good.name] == "ok"
+    main(["grade", "--no-sandbox", "--time-limit", "60", "--", good.name])  # all graded: no error
