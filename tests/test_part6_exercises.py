@@ -581,6 +581,19 @@ def kernel_relu_named_relu(x, forward_kernel, backward_kernel):
     return y
 
 
+def kernel_relu_by_ceil(x, forward_kernel, backward_kernel):  # right: zeros_like, blocks by math.ceil
+    blocks = math.ceil(x.data.size / 32)
+    out = np.zeros_like(x.data)
+    forward_kernel[blocks, 32](x.data, out)
+
+    def backward(g):
+        dx = np.zeros_like(x.data)
+        backward_kernel[blocks, 32](x.data, np.asarray(g, dtype=x.data.dtype), dx)
+        return (dx,)
+
+    return operation("kernel_relu", out, [x], backward)
+
+
 def kernel_relu_forgot_return(x, forward_kernel, backward_kernel):
     kernel_relu(x, forward_kernel, backward_kernel)
 
@@ -1009,6 +1022,47 @@ def total_by_warps_zeroing(x, total):
 
 
 @cuda.jit
+def total_by_warps_half_shuffles(x, total):
+    # the shuffles stop at delta 2: lane 0 holds the sum of half its warp
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 1:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.laneid == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_every_block_lane(x, total):
+    # the block's thread 0 adds, not each warp's lane 0: the second warp's sum is lost
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 16
+    while delta > 0:
+        v += cuda.shfl_down_sync(0xFFFFFFFF, v, delta)
+        delta //= 2
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
+def total_by_warps_up(x, total):
+    # right too: shfl_up gathers the warp's sum in its last lane
+    i = cuda.grid(1)
+    v = x[i] if i < x.size else float32(0)
+    delta = 1
+    while delta < 32:
+        up = cuda.shfl_up_sync(0xFFFFFFFF, v, delta)
+        if cuda.laneid >= delta:
+            v += up
+        delta *= 2
+    if cuda.laneid == 31:
+        cuda.atomic.add(total, 0, v)
+
+
+@cuda.jit
 def total_by_warps_xor(x, total):
     # right too: the butterfly leaves the warp's sum in every lane
     i = cuda.grid(1)
@@ -1327,6 +1381,8 @@ CASES = [
     ("6.2.4", total_by_warps, total_by_warps_guarded_shuffle, "lanes 5-31 had exited"),
     ("6.2.4", total_by_warps, total_by_one_lane_per_warp, "rather than one lane reading the others' values"),
     ("6.2.4", total_by_warps, total_by_warps_zeroing, "does your kernel set total[0] itself?"),
+    ("6.2.4", total_by_warps, total_by_warps_half_shuffles, "expected total[0] = "),
+    ("6.2.4", total_by_warps, total_by_warps_every_block_lane, "expected total[0] = "),
     pytest.param("6.3.5", transpose_tiles, transpose_tiles_padded_inside, "must be a constant", marks=NEEDS_PTX),
     ("6.3.5", transpose_tiles, transpose_tiles_unpadded, "bank conflicts on x of shape (40, 33)"),
     ("6.3.5", transpose_tiles, transpose_without_tile, "transactions of 32 bytes where"),
@@ -1386,11 +1442,13 @@ def test_a_known_wrong_answer_fails_naming_the_mistake(exercise_id, right, wrong
     ("6.2.1", reverse_swap_pairs),
     ("6.2.2", block_sum_warp_shuffle),
     ("6.2.4", total_by_warps_xor),
+    ("6.2.4", total_by_warps_up),
+    ("6.4.2", kernel_relu_by_ceil),
     ("6.3.5", transpose_tiles_literal_width),
     ("6.3.6", matmul_register_columns_first),
 ], ids=["6.1.1-array", "6.1.2-undecorated", "6.1.3-list", "6.2.3-one-thread", "6.3.4-state-by-state",
         "6.2.2-interleaved", "6.3.2-bt-layout", "6.4.1-thread-zero", "6.4.2-blocks-of-64", "6.4.3-transposes",
-        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor", "6.3.5-literal-width",
+        "6.2.1-swap-pairs", "6.2.2-warp-shuffle", "6.2.4-xor", "6.2.4-up", "6.4.2-ceil", "6.3.5-literal-width",
         "6.3.6-columns-first"])
 def test_other_right_answers_pass(exercise_id, candidate):
     assert check(exercise_id, candidate).status == "passed"
