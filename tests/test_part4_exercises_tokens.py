@@ -231,7 +231,8 @@ def masked_softmax_after(scores, mask):  # the softmax taken first, the hidden w
 
 
 def masked_softmax_inverted_mask(scores, mask):  # True read as "may look"
-    return masked_softmax(scores, ~mask)
+    with np.errstate(invalid="ignore"):  # a row with nothing visible is all -inf: nan, as it would be
+        return masked_softmax(scores, ~mask)
 
 
 def masked_softmax_over_the_wrong_axis(scores, mask):
