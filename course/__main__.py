@@ -30,6 +30,7 @@ def main(argv=None):
   python -m course grade --jobs 4 --time-limit 120 -- subs/*/*.ipynb  4 at once, 2 minutes each
   python -m course grade --lesson my-1.1.ipynb -- subs/*.ipynb        all answer this handed-out lesson
   python -m course grade --memory 4 -- subs/*/*.ipynb                 4 GiB of memory each
+  python -m course grade --feedback pages/ -- subs/*/*.ipynb          a feedback page per submission in pages/
   python -m course grade --no-sandbox -- mine.ipynb                   a notebook you trust, without bubblewrap
 It exits with status 1 when an input could not be graded (a folder, a missing file, not a notebook).""")
     p.add_argument("notebooks", nargs="*", help="the notebooks; after `--`, names that begin with - too")
@@ -42,6 +43,10 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
                         "every submission can then read and write what your user can, stop your processes, and "
                         "change the grading of the submissions after it. Only for a class you trust")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
+    p.add_argument("--feedback", default=None,
+                   help="folder for one HTML page per submission, each exercise's outcome and what its check said "
+                        "(default: beside the CSV, grades-feedback/ for grades.csv)")
+    p.add_argument("--no-feedback", action="store_true", help="write no feedback pages")
     p.add_argument("--memory", type=float, default=8,
                    help="GiB of memory each notebook may use (default 8, 0: no limit)")
 
@@ -72,7 +77,8 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
         from .grading import UNGRADED
 
         rows = grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
-                     sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory)
+                     sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory,
+                     feedback=False if args.no_feedback else (args.feedback or True))
         ungraded = [r["notebook"] for r in rows or () if r.get(UNGRADED)]
         if ungraded:  # a mistyped pattern must not look like a class of zeros graded with success
             raise SystemExit(f"{len(ungraded)} of {len(rows)} inputs could not be graded (see their status in "

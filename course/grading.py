@@ -1069,9 +1069,12 @@ def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
         _remove(work)
 
 
-def _grade_job(job, time_limit, sandbox, hide, sources, memory):
+def _grade_job(job, time_limit, sandbox, hide, sources, memory, messages=None):
+    """(status, {id: outcome}) of one submission; `messages`, a dict, gets what each check said."""
     outcomes = {i: "not run" for i, _ in job["exercises"]}
+    messages = {} if messages is None else messages
     if "problem" in job:
+        messages.update({i: f"[{i}] not run: {job['problem']}" for i in outcomes})
         return printable(job["problem"])[:PEEK], outcomes
     # The exercises checked across the wall are answered while the notebook runs (for its status
     # and the checks that stay in its kernel); only those whose own cell ran then count.
@@ -1091,6 +1094,16 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory):
         outcomes.update({i: "not attempted" for i, _, _ in job["across"] if cells.get(i) is None})
     if not status.startswith("timed out"):
         outcomes.update({i: outcome for i, (outcome, _) in across.items() if cells[i] < ran})
+        messages.update({i: message for i, (_, message) in across.items() if cells[i] < ran})
+    for i, outcome in outcomes.items():
+        if i in messages:
+            continue
+        if outcome == "not run":
+            messages[i] = f"[{i}] not run: the notebook stopped before this exercise's cell ({status[:120]})"
+        elif outcome == "not attempted" and cells.get(i) is None:
+            messages[i] = f"[{i}] not attempted: no cell of the notebook checks it"
+        else:
+            messages[i] = f"[{i}] {outcome} (checked in the notebook's own kernel)"
     status = printable(" ".join(status.split()))[:PEEK]  # one line, however long the error message was
     if job["review"]:
         more = f"; and {len(job['review']) - 3} more" if len(job["review"]) > 3 else ""
@@ -1098,13 +1111,15 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory):
     return status, outcomes
 
 
-def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=MEMORY_GIB):
+def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=MEMORY_GIB, feedback=True):
     """Grade notebooks and write one CSV row per notebook as each is graded; return the rows.
 
     Every submission is read before any runs, so what one does to another's file changes nothing.
     `sandbox=True` uses bubblewrap where it works, and says so once when it does not. With
     `jobs` > 1, that many notebooks run at once and rows come in the order they finish. Each kernel
-    may use `memory` GiB of address space (0: no limit).
+    may use `memory` GiB of address space (0: no limit). `feedback`: a folder for one HTML page per
+    submission, with each exercise's outcome and what its check said (never the full answer); True
+    puts it beside the CSV (`grades-feedback/` for `grades.csv`), False writes none.
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -1123,11 +1138,19 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
         print(f"running without a sandbox ({problem}): each submission can read and write what this user can, "
               f"stop your processes and change the grading of the submissions after it.")
     hide = {p.resolve().parent for p in paths} | {Path.cwd(), Path(out).resolve().parent}
+    if feedback is True:
+        feedback = Path(out).with_name(Path(out).stem + "-feedback")
+    feedback = Path(feedback) if feedback else None
+    if feedback is not None:
+        feedback.mkdir(parents=True, exist_ok=True)
+        hide.add(feedback.resolve())
+    taken = set()  # feedback file names given out, so two submissions never share one
 
     def one(path, job):
         start = time.monotonic()
+        said = {}
         try:
-            status, outcomes = _grade_job(job, time_limit, problem is None, hide, sources, memory)
+            status, outcomes = _grade_job(job, time_limit, problem is None, hide, sources, memory, said)
         except Exception as err:  # a bug of ours must not cost the rows still to come
             status = printable(f"grading failed: {type(err).__name__}: {err}")[:PEEK]
             outcomes = {i: "not run" for i, _ in job["exercises"]}
@@ -1135,6 +1158,8 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
         row = {"notebook": printable(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
         if "problem" in job:
             row[UNGRADED] = True  # not a column: the command's exit status says it
+        if feedback is not None:
+            _write_feedback(feedback, path, row, outcomes, said, taken)
         return row, time.monotonic() - start
 
     rows = []
@@ -1153,6 +1178,36 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
                   f"passed ({seconds:.0f} s)", flush=True)
     _summary(rows, ids, out)
     return rows
+
+
+_NAMING = threading.Lock()
+
+
+def _write_feedback(folder, path, row, outcomes, said, taken):
+    """One HTML page for the learner of one submission: what was graded, and for each exercise its
+    outcome and what the check said (the input it failed on and the hint; grading never adds the
+    full answer)."""
+    import html
+
+    path = Path(path)
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{path.parent.name}__{path.stem}").strip("_") or "submission"
+    with _NAMING:  # submissions are graded in several threads at once
+        name, n = f"{base}.html", 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}.html"
+        taken.add(name)
+    lines = ["<!doctype html>", '<meta charset="utf-8">', f"<title>Feedback on {html.escape(path.name)}</title>",
+             f"<h1>{html.escape(path.name)}</h1>",
+             f"<p>Submitted as {html.escape(printable(path))}. Notebook run: {html.escape(str(row['status']))}.</p>",
+             f"<p>{row['passed']} of {row['total']} exercises passed.</p>",
+             "<table>", "<tr><th>Exercise</th><th>Outcome</th><th>What the check said</th></tr>"]
+    for exercise_id, outcome in outcomes.items():
+        message = printable(said.get(exercise_id, ""))[:2000]
+        lines.append(f"<tr><td>{html.escape(exercise_id)}</td><td>{html.escape(outcome)}</td>"
+                     f"<td>{html.escape(message)}</td></tr>")
+    lines.append("</table>")
+    (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _summary(rows, ids, out):

@@ -396,3 +396,26 @@ def test_a_folder_a_missing_file_or_a_readme_is_named_and_the_command_fails(tmp_
     assert rows["README.md"] == "not a notebook file (.ipynb): grade the notebooks themselves"
     assert rows[good.name] == "ok"
     main(["grade", "--no-sandbox", "--time-limit", "60", "--", good.name])  # all graded: no error
+
+
+def test_each_submission_gets_a_feedback_page_with_what_its_checks_said(tmp_path):
+    wrong = _forged("x = 1")  # wrong answers, no attack; one that raises what would be markup
+    for cell in wrong.cells:
+        if 'check("1.1.2"' in cell.source:
+            cell.source = cell.source.replace("return [0.0] * len(xs)", "raise ValueError('<script>alert(1)</script>')")
+    honest = nbformat.read(str(ROOT / "solutions" / "1-micrograd" / LESSON.name), as_version=4)
+    untouched = exercise_handout(LESSON)
+    for name, nb in (("bob", wrong), ("carol", honest), ("dave", untouched)):
+        (tmp_path / name).mkdir()
+        nbformat.write(nb, str(tmp_path / name / LESSON.name))
+    paths = [tmp_path / name / LESSON.name for name in ("bob", "carol", "dave")]
+    grading.grade(paths, tmp_path / "grades.csv", sandbox=SANDBOXED, time_limit=120, jobs=2)
+    pages = {p.name: p.read_text() for p in (tmp_path / "grades-feedback").iterdir()}
+    stem = LESSON.stem
+    assert sorted(pages) == [f"bob__{stem}.html", f"carol__{stem}.html", f"dave__{stem}.html"]
+    bob, carol, dave = (pages[f"{n}__{stem}.html"] for n in ("bob", "carol", "dave"))
+    assert "0 of 4 exercises passed" in bob and "[1.1.1] failed: expected derivative" in bob
+    assert "Hint:" in bob and "In full:" not in bob  # the hint, never the answer
+    assert "4 of 4 exercises passed" in carol and carol.count("passed.</td>") == 4
+    assert "[1.1.1] not attempted yet" in dave
+    assert "<script" not in bob and "&lt;script&gt;alert(1)&lt;/script&gt;" in bob
