@@ -3,7 +3,7 @@
 It runs inside the sandbox, started by the grader with `python -I -c "...answerer.main()"`:
 
 1. Its job comes on stdin: the course's source as the grader read it before any submission ran
-   (written into a folder of its own by the start-up code, `grading.BOOT`), the modules to load,
+   (written into a folder of its own by the start-up code, `remote.BOOT`), the modules to load,
    and for each exercise the learner's code (the notebook's imports, definitions and constants,
    and the exercise's own cell), the library names the exercise asks the learner to write, and
    the pipe its check will talk on.
