@@ -335,6 +335,19 @@ def config_with_a_guard_clause(d):
     raise ValueError(f"cannot load activation_function={activation!r}: only the tanh GELU")
 
 
+def config_by_match(d):  # right: a match statement on the activation
+    match d.get("activation_function", "gelu_new"):
+        case "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast":
+            pass
+        case other:
+            raise ValueError(f"activation_function {other!r}: only GELU's tanh approximation loads")
+    keys = {"block_size": "n_positions", "n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd",
+            "vocab_size": "vocab_size"}
+    return GPTConfig(**{ours: d[theirs] for ours, theirs in keys.items()},
+                     layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5), n_inner=d.get("n_inner"),
+                     tie_word_embeddings=d.get("tie_word_embeddings", True))
+
+
 def load_tensor_with_struct(data, name):
     import struct
 
@@ -358,6 +371,6 @@ def load_tensor_by_offset(data, name):  # right: frombuffer's offset and count, 
 
 @pytest.mark.parametrize("exercise_id,candidate", [
     ("4.5.1", bytes_to_unicode_by_lists), ("4.5.4", load_tensor_by_offset), ("4.5.2", to_course_state_by_comprehension),
-    ("4.5.2", to_course_state_emptying_the_dict), ("4.5.3", config_by_renaming), ("4.5.3", config_with_a_guard_clause), ("4.5.4", load_tensor_with_struct)])
+    ("4.5.2", to_course_state_emptying_the_dict), ("4.5.3", config_by_renaming), ("4.5.3", config_with_a_guard_clause), ("4.5.3", config_by_match), ("4.5.4", load_tensor_with_struct)])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate, capsys):
     assert check(exercise_id, candidate).status == "passed", capsys.readouterr().out

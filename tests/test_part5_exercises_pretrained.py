@@ -92,6 +92,23 @@ def expand_fixed_at_two(d):
     return mamba_config(dict(d, expand=2) if "hidden_size" in d else d)
 
 
+def mamba_config_one_path(d):  # right: both layouts read into one table of MambaConfig's names first
+    import math as _math
+
+    from course.mamba import MambaConfig
+
+    if d.get("use_bias", False):
+        raise ValueError("use_bias: biases on in_proj and out_proj cannot be loaded")
+    ssm = d.get("ssm_cfg") or {}
+    fields = {"d_model": d.get("hidden_size", d.get("d_model")), "n_layer": d.get("num_hidden_layers", d.get("n_layer")),
+              "vocab_size": d["vocab_size"], "d_state": d.get("state_size", ssm.get("d_state", 16)),
+              "expand": d.get("expand", ssm.get("expand", 2)), "d_conv": d.get("conv_kernel", ssm.get("d_conv", 4)),
+              "dt_rank": d.get("time_step_rank", ssm.get("dt_rank", "auto"))}
+    if fields["dt_rank"] == "auto":
+        fields["dt_rank"] = _math.ceil(fields["d_model"] / 16)
+    return MambaConfig(**fields)
+
+
 def mamba_config_by_table(d):  # right, written otherwise: one table of names for each layout
     import math as _math
 
@@ -265,7 +282,7 @@ def to_hf_tensors_by_comprehension(state, vocab_size):
 
 
 @pytest.mark.parametrize("exercise_id,candidate", [
-    ("5.5.1", to_course_state_with_pad), ("5.5.2", mamba_config_from_either), ("5.5.2", mamba_config_by_table),
+    ("5.5.1", to_course_state_with_pad), ("5.5.2", mamba_config_from_either), ("5.5.2", mamba_config_by_table), ("5.5.2", mamba_config_one_path),
     ("5.5.3", to_hf_tensors_by_comprehension), ("5.5.1", popping(to_course_state)),
     ("5.5.3", popping(to_hf_tensors))])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate, capsys):

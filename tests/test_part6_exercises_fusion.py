@@ -98,6 +98,21 @@ def bias_gelu_inputs_swapped(h, bias):  # gradients returned in the other order 
     return out
 
 
+def bias_gelu_erf(h, bias):  # the exact erf GELU: the course's is the tanh form
+    from math import erf
+
+    x = h.data + bias.data
+    phi = 0.5 * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+    return operation("bias_gelu", x * phi, (h, bias), lambda g: (g * phi, (g * phi).sum(axis=0)))
+
+
+def bias_gelu_bias_gradient_of_rows_mean(h, bias):  # the bias gradient averaged, not summed
+    out = my_bias_gelu(h, bias)
+    backward = out._backward
+    out._backward = lambda g: (backward(g)[0], backward(g)[0].reshape(-1, g.shape[-1]).mean(axis=0))
+    return out
+
+
 def bias_gelu_bias_gradient_not_summed(h, bias):
     out = my_bias_gelu(h, bias)
     backward = out._backward
@@ -201,7 +216,9 @@ KNOWN_WRONG = {
               (bias_gelu_relu, ["forward value gelu(h + bias)"]),
               (bias_gelu_from_tensor_arithmetic, ["not by one operation of h and bias", "single operation"]),
               (bias_gelu_bias_added_first, ["of 1 input(s), not by one operation of h and bias"]),
-              (bias_gelu_inputs_swapped, ["not by one operation of h and bias"])],
+              (bias_gelu_inputs_swapped, ["not by one operation of h and bias"]),
+              (bias_gelu_erf, ["forward value gelu(h + bias)"]),
+              (bias_gelu_bias_gradient_of_rows_mean, ["gradient of bias"])],
     "6.5.3": [(tiled_attention_no_mask_inside, ["inside a tile", "masked"]),
               (tiled_attention_output_not_rescaled, ["attention output"]),
               (tiled_attention_drops_the_last_tile, ["does not divide T"]),
@@ -252,6 +269,17 @@ def bias_gelu_with_sech(h, bias):
     return operation("bias_gelu", y, (h, bias), backward)
 
 
+def bias_gelu_by_sigmoid_form(h, bias):  # right: 0.5 (1 + tanh u) is sigmoid(2u)
+    x = h.data + bias.data
+    s = 1 / (1 + np.exp(-2 * C * (x + 0.044715 * x ** 3)))
+
+    def backward(g):
+        gx = g * (s + x * s * (1 - s) * 2 * C * (1 + 3 * 0.044715 * x * x))
+        return [gx, gx.sum(axis=tuple(range(gx.ndim - 1)))]
+
+    return operation("bias_gelu", x * s, [h, bias], backward)
+
+
 def tiled_attention_row_by_row(q, k, v, block, causal=True):
     t, d = q.shape
     out = np.empty((t, v.shape[1]))
@@ -269,7 +297,7 @@ def tiled_attention_row_by_row(q, k, v, block, causal=True):
 
 
 @pytest.mark.parametrize("exercise_id,candidate", [
-    ("6.5.1", running_update_by_weights), ("6.5.2", bias_gelu_with_sech), ("6.5.3", tiled_attention_row_by_row)])
+    ("6.5.1", running_update_by_weights), ("6.5.2", bias_gelu_with_sech), ("6.5.2", bias_gelu_by_sigmoid_form), ("6.5.3", tiled_attention_row_by_row)])
 def test_right_answers_written_otherwise_pass(exercise_id, candidate):
     result = check(exercise_id, candidate)
     assert result.status == "passed", result.message
