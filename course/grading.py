@@ -492,7 +492,10 @@ class _Kernel:
     def __init__(self, env, memory):
         from jupyter_client import KernelManager
 
-        self.km = KernelManager(kernel_name="python3")
+        # The kernel talks to the runner over Unix sockets in the run's own folder, not TCP ports on
+        # this machine's loopback: no other process can reach them, and no other kernel started at
+        # the same moment (a test suite's, another submission's) can take the same port.
+        self.km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(os.getcwd(), "kernel"))
         # No stdin or stdout of ours: what the kernel writes never reaches the runner's report. Its
         # environment is the one the grader chose, not the runner's.
         try:
