@@ -66,12 +66,12 @@ assignment: setup ## lesson notebooks without solutions for students (PARTS="1 2
 	$(BIN)/python -m course assign $(PARTS) --out $(OUT)
 
 grade: OUT = grades.csv
-grade: setup ## grade submissions into a CSV: make grade NB="sub/*.ipynb" OUT=grades.csv
-	@test -n "$(NB)" || (echo 'usage: make grade NB="submissions/*.ipynb" [OUT=grades.csv]' && exit 2)
+grade: setup ## grade submissions into a gradebook (INSTRUCTORS.md): make grade NB="submissions/*/*.ipynb" OUT=grades.csv
+	@test -n "$(NB)" || (echo 'usage: make grade NB="submissions/*/*.ipynb" [OUT=grades.csv]' && exit 2)
 	$(BIN)/python -m course grade --out $(OUT) -- $(NB)
 
-bench: setup ## time each engine alone against its reference and print a table (ROWS="gpt matmul")
-	$(BIN)/python -m benchmarks $(ROWS)
+bench: setup ## time each engine alone against its reference and print a table (ROWS="gpt matmul"; MARKDOWN=1: into BENCHMARKS.md)
+	$(BIN)/python -m benchmarks $(if $(MARKDOWN),--markdown) $(ROWS)
 
 doctor: setup ## print versions, whether graphviz, a GPU and NVVM are there, numba-cuda and its bindings, the CPU kernels' register block
 	$(BIN)/python -m course doctor

@@ -2,7 +2,7 @@
 
     python -m benchmarks                     # every row, 2 threads per engine
     python -m benchmarks gpt matmul          # rows whose key or module contains "gpt" or "matmul"
-    python -m benchmarks --markdown          # the table as Markdown, header included, for README.md
+    python -m benchmarks --markdown          # the table as Markdown, header included, into BENCHMARKS.md
     python -m benchmarks --list              # the rows, without running them
     python -m benchmarks --quick             # 1 warm-up + 2 steps per engine: checks that all runs
 
@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from .harness import describe, machine, summary
 
@@ -149,24 +150,43 @@ def print_text(results, info):
             print(f"  {'':<{w}} {'':>3}  {_notes(r)}")
 
 
-def print_markdown(results, info):
+BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+TABLE_START = "<!-- bench: written by `make bench MARKDOWN=1` -->"
+TABLE_END = "<!-- end of bench -->"
+
+
+def markdown(results, info):
     line1, line2 = describe(info)
-    print(f"Measured by `make bench` ({time.strftime('%Y-%m-%d')}) on {line1}")
-    print(f"{line2}. Times: median of each engine's steps, (min-max) after it; ratio: course / reference.")
-    print()
-    print("| benchmark | threads | course | reference | ratio | note |")
-    print("|---|---|---|---|---|---|")
+    lines = [f"Measured by `make bench` ({time.strftime('%Y-%m-%d')}) on {line1}",
+             f"{line2}. Times: median of each engine's steps, (min-max) after it; ratio: course / reference.",
+             "", "| benchmark | threads | course | reference | ratio | note |", "|---|---|---|---|---|---|"]
     for r in results:
         ref = f"{r['reference_label']} {_cell(r, 'reference')}" if r.get("reference") else "-"
         ratio = f"{r['ratio']:.3g}" if r.get("ratio") is not None else "-"
-        print(f"| {r['name']} | {r['threads']} | {_cell(r, 'course')} | {ref} | {ratio} | {_notes(r)} |")
+        lines.append(f"| {r['name']} | {r['threads']} | {_cell(r, 'course')} | {ref} | {ratio} | {_notes(r)} |")
+    return "\n".join(lines)
+
+
+def print_markdown(results, info, write=True):
+    """Print the table as Markdown and, for a run of every row, put it into BENCHMARKS.md."""
+    table = markdown(results, info)
+    print(table)
+    if not write:
+        return
+    text = BENCHMARKS.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"{BENCHMARKS.name} has lost its table markers ({TABLE_START} ... {TABLE_END})")
+    head, rest = text.split(TABLE_START, 1)
+    BENCHMARKS.write_text(head + TABLE_START + "\n" + table + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1])
+    print(f"wrote the table into {BENCHMARKS}", file=sys.stderr)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     p.add_argument("rows", nargs="*", help="run only rows whose key or module contains one of these words")
     p.add_argument("--threads", type=int, default=2, help="threads per engine (rows may fix their own)")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for README.md)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the table as Markdown, and write it into BENCHMARKS.md when every row ran")
     p.add_argument("--json", metavar="FILE", help="also write every measurement to FILE")
     p.add_argument("--list", action="store_true", help="list the rows and exit")
     p.add_argument("--quick", action="store_true", help="1 warm-up and 2 steps per engine (a smoke test)")
@@ -184,7 +204,10 @@ def main(argv=None):
     for module, row in chosen:
         print(f"running {module} {row.key} ...", file=sys.stderr, flush=True)
         results.append(run_row(module, row, args.threads, quick=args.quick))
-    (print_markdown if args.markdown else print_text)(results, info)
+    if args.markdown:
+        print_markdown(results, info, write=not rows and not args.quick)
+    else:
+        print_text(results, info)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "results": results}, f, indent=1)

@@ -1,4 +1,4 @@
-"""Where a GPT training step on the GPU spends its time (the README's "Where the GPU rows miss").
+"""Where a GPT training step on the GPU spends its time (BENCHMARKS.md's "Where the GPU rows miss").
 
     python -m benchmarks.profile_gpu            # the bench GPT and the large one
     python -m benchmarks.profile_gpu bench      # one of them

@@ -1,12 +1,14 @@
 """The course's command line: `python -m course COMMAND`.
 
     assign PARTS... --out DIR          lesson notebooks of the chosen parts, without solutions
-    grade [--out FILE.csv] -- NOTEBOOKS...  run submitted notebooks, check their exercises, one row each
+    grade [--out FILE.csv] -- NOTEBOOKS...  run submitted notebooks, check their exercises, write the gradebook
+    gradebook RECORDS...               build the gradebook again from grading's records (shards merged)
     doctor                             versions, graphviz, GPU or simulator
     lab                                JupyterLab at the top of the course, without the news pop-up
     notebooks [PATHS...]               re-execute notebooks in place (all of them by default)
     notebooks --tags-only [PATHS...]   only turn `# NBVAL_...` comments into cell tags (no run)
     colab OWNER/NAME                   point badges and install cells at a fork
+    hub-links HUB [LESSONS...]         JupyterHub links (nbgitpuller) that open each lesson on a hub
     syllabus                           rewrite the syllabus table of README.md
 """
 
@@ -23,15 +25,24 @@ def main(argv=None):
     p.add_argument("parts", nargs="+", help="part numbers (1 2) or folder names (1-micrograd)")
     p.add_argument("--out", required=True, help="folder to write into")
 
-    p = sub.add_parser("grade", help="run submitted notebooks and write one CSV row each",
+    p = sub.add_parser("grade", help="run submitted notebooks and write the class's gradebook",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
   python -m course grade -- submissions/*/1.1-derivatives.ipynb       one lesson, a folder per student
-  python -m course grade --out part1.csv -- subs/*/*.ipynb            every lesson, into part1.csv
+  python -m course grade --out part1.csv -- subs/*/*.ipynb            every lesson, into part1.csv and its siblings
+  python -m course grade --roster roster.csv -- subs/*/*.ipynb        students' names and sections, LMS download names
+  python -m course grade --points points.csv -- subs/*/*.ipynb        points per exercise (make assignment writes one)
+  python -m course grade --deadline 2026-12-01T17:00 --late-penalty 10 --grace 15 -- subs/*/*.ipynb
+                                                                      10%% off per day late, after 15 minutes' grace
+  python -m course grade --manual grades.csv -- subs/*/*.ipynb        keep the manual points filled in last time
+  python -m course grade --similarity 0.9 -- subs/*/*.ipynb           flag only answers 90%% alike for review
+  python -m course grade --shard 2/8 --out shard-2.csv -- subs/*/*.ipynb   the 2nd of 8 slices (a job array)
   python -m course grade --jobs 4 --time-limit 120 -- subs/*/*.ipynb  4 at once, 2 minutes each
   python -m course grade --lesson my-1.1.ipynb -- subs/*.ipynb        all answer this handed-out lesson
   python -m course grade --memory 4 -- subs/*/*.ipynb                 4 GiB of memory each
-  python -m course grade --feedback pages/ -- subs/*/*.ipynb          a feedback page per submission in pages/
+  python -m course grade --feedback pages/ -- subs/*/*.ipynb          the feedback pages in pages/
   python -m course grade --no-sandbox -- mine.ipynb                   a notebook you trust, without bubblewrap
+Besides grades.csv it writes grades-students.csv, grades-canvas.csv, grades-moodle.csv, grades-copies.csv,
+grades-feedback/ and grades-results.jsonl (what `python -m course gradebook` rebuilds them from).
 It exits with status 1 when an input could not be graded (a folder, a missing file, not a notebook).""")
     p.add_argument("notebooks", nargs="*", help="the notebooks; after `--`, names that begin with - too")
     p.add_argument("--out", default="grades.csv")
@@ -43,12 +54,21 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
                         "every submission can then read and write what your user can, stop your processes, and "
                         "change the grading of the submissions after it. Only for a class you trust")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1)")
-    p.add_argument("--feedback", default=None,
-                   help="folder for one HTML page per submission, each exercise's outcome and what its check said "
-                        "(default: beside the CSV, grades-feedback/ for grades.csv)")
-    p.add_argument("--no-feedback", action="store_true", help="write no feedback pages")
     p.add_argument("--memory", type=float, default=8,
                    help="GiB of memory each notebook may use (default 8, 0: no limit)")
+    p.add_argument("--shard", help="K/N: grade only the K-th of N deterministic slices of the submissions and "
+                                   "write its records; `python -m course gradebook` merges the shards")
+    _class_options(p)
+
+    p = sub.add_parser("gradebook", help="build the gradebook again from grading records (merge shards, "
+                                         "new points, deadline or manual points), without running anything",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
+  python -m course gradebook --out grades.csv shard-*-results.jsonl          merge the shards of a class
+  python -m course gradebook --points points.csv grades-results.jsonl        the same grading, new points
+  python -m course gradebook --manual grades.csv grades-results.jsonl        add the manual points filled in""")
+    p.add_argument("records", nargs="+", help="the -results.jsonl files that grading wrote")
+    p.add_argument("--out", default="grades.csv")
+    _class_options(p)
 
     sub.add_parser("doctor", help="what this machine has for the course")
     p = sub.add_parser("lab", help="start JupyterLab at the top of the course (Ctrl-C twice stops it)")
@@ -60,6 +80,20 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
     p = sub.add_parser("colab", help="point badges and install cells at a fork")
     p.add_argument("repo", help="owner/name on GitHub")
     sub.add_parser("syllabus", help="rewrite the syllabus table in README.md")
+    p = sub.add_parser("hub-links", help="print a JupyterHub link (nbgitpuller) for each lesson",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
+  python -m course hub-links https://hub.example.edu                  every lesson
+  python -m course hub-links https://hub.example.edu 1 4.2            part 1 and lesson 4.2
+  python -m course hub-links https://hub.example.edu --classic 1      in the classic notebook interface
+  python -m course hub-links https://hub.example.edu --repo https://github.com/me/handout --branch fall 1
+A student who opens a link gets the repository cloned into their home on the hub (updated, keeping
+their changes, when it is there already) and the lesson opened.""")
+    p.add_argument("hub", help="the hub's address, https://hub.example.edu")
+    p.add_argument("lessons", nargs="*", help="parts (1) or lessons (4.2); all by default")
+    p.add_argument("--repo", help="the repository the hub clones (default: the course's own)")
+    p.add_argument("--branch", default=None, help="its branch (default: main)")
+    p.add_argument("--solutions", action="store_true", help="link the worked solutions instead of the lessons")
+    p.add_argument("--classic", action="store_true", help="open them in the classic notebook, not JupyterLab")
 
     argv, files = _split_files(argv)
     args, extra = parser.parse_known_args(argv)
@@ -68,20 +102,28 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
     if args.command == "assign":
         from .grading import assign
         assign(args.parts, args.out)
-    elif args.command == "grade":
-        from .grading import grade
-
-        args.notebooks += files
-        if not args.notebooks:
-            parser.error("grade: give the notebooks to grade (python -m course grade -- *.ipynb)")
+    elif args.command in ("grade", "gradebook"):
         from .grading import UNGRADED
 
-        rows = grade(args.notebooks, args.out, time_limit=args.time_limit, lesson=args.lesson,
-                     sandbox=not args.no_sandbox, jobs=args.jobs, memory=args.memory,
-                     feedback=False if args.no_feedback else (args.feedback or True))
-        ungraded = [r["notebook"] for r in rows or () if r.get(UNGRADED)]
+        options = _read_class_options(args)
+        if args.command == "grade":
+            from .gradebook import grade_class, parse_shard
+
+            args.notebooks += files
+            if not args.notebooks:
+                parser.error("grade: give the notebooks to grade (python -m course grade -- *.ipynb)")
+            shard = parse_shard(args.shard) if args.shard else None
+            records, rows = grade_class(args.notebooks, args.out, shard=shard, time_limit=args.time_limit,
+                                        lesson=args.lesson, sandbox=not args.no_sandbox, jobs=args.jobs,
+                                        memory=args.memory, **options)
+        else:
+            from .gradebook import build, load_records
+
+            records = load_records(args.records)
+            rows = build(records, args.out, **options)
+        ungraded = [r["notebook"] for r in records if r.get("ungraded")]
         if ungraded:  # a mistyped pattern must not look like a class of zeros graded with success
-            raise SystemExit(f"{len(ungraded)} of {len(rows)} inputs could not be graded (see their status in "
+            raise SystemExit(f"{len(ungraded)} of {len(records)} inputs could not be graded (see their status in "
                              f"{args.out}): {', '.join(ungraded[:3])}{' ...' if len(ungraded) > 3 else ''}")
     elif args.command == "doctor":
         from .doctor import main as doctor
@@ -96,9 +138,53 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
         from .notebooks import set_repo, write_syllabus
         set_repo(args.repo)
         write_syllabus()
+    elif args.command == "hub-links":
+        from .notebooks import hub_links
+
+        for title, link in hub_links(args.hub, args.lessons, repo=args.repo, branch=args.branch,
+                                     kind="solutions" if args.solutions else "notebooks",
+                                     app="classic" if args.classic else "lab"):
+            print(f"{title}\n    {link}")
     elif args.command == "syllabus":
         from .notebooks import write_syllabus
         write_syllabus()
+
+
+def _class_options(p):
+    """The options of a class's gradebook, the same for grading and for building it again."""
+    p.add_argument("--roster", help="CSV of the students (id, name, section, email, lms_id, submitted): "
+                                    "names each row and matches LMS download names")
+    p.add_argument("--points", help="CSV exercise,points (default: 1 point each)")
+    p.add_argument("--deadline", help="when the work was due: 2026-12-01T17:00 (local time) or with a zone, +01:00")
+    p.add_argument("--late-penalty", type=float, default=0,
+                   help="percent of the points taken off per day late, any part of a day counting (default 0)")
+    p.add_argument("--grace", type=float, default=0, help="minutes after the deadline still on time (default 0)")
+    p.add_argument("--manual", help="a gradebook CSV whose manual and comment columns you filled in: kept")
+    p.add_argument("--similarity", type=float, default=None,
+                   help="how alike two answers must be to be flagged for review, 0 to 1 (default 0.8)")
+    p.add_argument("--feedback", default=None, help="folder for the feedback pages (default: beside the CSV, "
+                                                    "grades-feedback/ for grades.csv)")
+    p.add_argument("--no-feedback", action="store_true", help="write no feedback pages")
+
+
+def _read_class_options(args):
+    import datetime
+
+    from .gradebook import LatePolicy, copies, parse_time, read_manual, read_points, read_roster
+
+    if args.late_penalty < 0 or args.grace < 0:
+        raise SystemExit("--late-penalty and --grace cannot be negative")
+    if (args.late_penalty or args.grace) and not args.deadline:
+        raise SystemExit("--late-penalty and --grace need a --deadline")
+    if args.similarity is not None and not 0 < args.similarity <= 1:
+        raise SystemExit(f"--similarity is a share between 0 and 1 (0.8: 80% alike), not {args.similarity}")
+    return {"roster": read_roster(args.roster) if args.roster else None,
+            "points": read_points(args.points) if args.points else None,
+            "late": LatePolicy(parse_time(args.deadline, "--deadline") if args.deadline else None, args.late_penalty,
+                               datetime.timedelta(minutes=args.grace)),
+            "manual": read_manual(args.manual) if args.manual else None,
+            "threshold": copies.THRESHOLD if args.similarity is None else args.similarity,
+            "feedback": False if args.no_feedback else (args.feedback or True)}
 
 
 def _split_files(argv):

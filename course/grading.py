@@ -20,7 +20,7 @@ Grading does not trust the notebooks it grades:
   /proc) and the kernel runs without capabilities, so it cannot read the key or reach the channel;
 - the kernel gets a clean environment: nothing of the instructor's, and no sign that it is graded;
 - when a notebook is done, or out of time, the kernel and every process it started are stopped.
-The README's "For instructors" section says what this does not protect against.
+INSTRUCTORS.md says what this does not protect against.
 """
 
 import ast
@@ -47,7 +47,7 @@ import time
 import tokenize
 from pathlib import Path
 
-from .notebooks import KERNEL_ENV, MARKER_LINE, lesson_paths, part_folders
+from .notebooks import KERNEL_ENV, MARKER_LINE, is_install_cell, lesson_paths, part_folders
 
 STUDENT_README = """\
 # Exercises: {parts}
@@ -106,23 +106,54 @@ def _part_dirs(parts, root=None):
     return chosen
 
 
+def course_release(root=None):
+    """(version, git commit or None) of the course that is running: what an assignment is pinned to."""
+    from . import __version__
+    from .notebooks import repo_root
+
+    root = Path(root) if root is not None else repo_root()
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return __version__, commit if re.fullmatch(r"[0-9a-f]{40}", commit) else None
+
+
 def assign(parts, out, root=None):
-    """Copy the lesson notebooks of `parts` (never the solutions) into `out`, with a README.
-    The files are copied byte for byte: cell tags (nbval's among them) stay as they are."""
+    """Copy the lesson notebooks of `parts` (never the solutions) into `out`, with a README and a
+    points file (points.csv: 1 point per exercise, for the instructor to edit). Each notebook is
+    stamped with the course's version, and its install cell (and the README's install line) is
+    pinned to this very commit: students install the course the instructor grades with. Cells and
+    their tags (nbval's among them) are kept as they are."""
+    import nbformat
+
     from . import _repo
+    from .gradebook.policy import write_points
+    from .notebooks import install_source
 
     out = Path(out)
-    listing = []
+    version, commit = course_release(root)
+    listing, ids = [], []
     lessons = lesson_paths(root, "notebooks")
     for folder in _part_dirs(parts, root):
-        for nb in (p for p in lessons if p.parent == folder):
-            dest = out / folder.name / nb.name
+        for path in (p for p in lessons if p.parent == folder):
+            dest = out / folder.name / path.name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(nb, dest)
-            listing.append(f"- {folder.name}/{nb.name}")
+            nb = nbformat.read(str(path), as_version=4)
+            nb.metadata["course"] = {"version": version, "commit": commit or ""}
+            if commit:
+                first = next(c for c in nb.cells if c.cell_type == "code")
+                if first.source == install_source():
+                    first.source = install_source(ref=commit)
+            nbformat.write(nb, str(dest))
+            ids += [i for i, _ in exercise_calls(nb)]
+            listing.append(f"- {folder.name}/{path.name}")
     (out / "README.md").write_text(STUDENT_README.format(
-        parts=", ".join(str(p) for p in parts), git_url=_repo.git_url(), listing="\n".join(listing)))
-    print(f"wrote {len(listing)} notebooks and README.md to {out}")
+        parts=", ".join(str(p) for p in parts), git_url=_repo.git_url(ref=commit), listing="\n".join(listing)))
+    write_points(out / "points.csv", ids)
+    pinned = f"pinned to commit {commit[:12]}" if commit else "not pinned (this copy of the course is not a git clone)"
+    print(f"wrote {len(listing)} notebooks, README.md and points.csv to {out}; the install lines are {pinned}")
     return out
 
 
@@ -307,7 +338,7 @@ def review_notes(nb, lesson):
     modules |= {name for name, full in imports.items() if _is_module(full)}
     notes = []
     for n, (cell, tree) in enumerate(zip(_code_cells(nb), trees), 1):
-        if _unmarked(cell.source) in own:
+        if _unmarked(cell.source) in own or is_install_cell(cell.source):
             continue
         source = _without_comments(cell.source).replace("from course . exercises import check", "")
         source += "\n" + _strings(tree)
@@ -968,6 +999,7 @@ def _prepare(path, data, lessons, lesson=None):
         job["problem"] = f"not a notebook ({type(err).__name__})"
         return job
     job["review"] = review_notes(nb, handed_out)
+    job["version"] = str((nb.metadata.get("course") or {}).get("version", ""))[:80]
     job["cells"] = [c.source for c in _code_cells(nb)]
     job["exercise_cells"] = exercise_cells(nb, exercises)
     job["inside"], job["across"], job["kernels"] = _where_checked(exercises)
@@ -1114,7 +1146,8 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory, messages=None):
     return status, outcomes
 
 
-def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=MEMORY_GIB, feedback=True):
+def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=MEMORY_GIB, feedback=True,
+          records=None):
     """Grade notebooks and write one CSV row per notebook as each is graded; return the rows.
 
     Every submission is read before any runs, so what one does to another's file changes nothing.
@@ -1122,11 +1155,14 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
     `jobs` > 1, that many notebooks run at once and rows come in the order they finish. Each kernel
     may use `memory` GiB of address space (0: no limit). `feedback`: a folder for one HTML page per
     submission, with each exercise's outcome and what its check said (never the full answer); True
-    puts it beside the CSV (`grades-feedback/` for `grades.csv`), False writes none.
+    puts it beside the CSV (`grades-feedback/` for `grades.csv`), False writes none. `out=None`
+    writes no CSV. `records`: a file to which each submission's full result is appended as a line
+    of JSON as soon as it is graded (what the gradebook, course/gradebook/, is built from).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     paths = [Path(p) for p in paths]
+    modified = [_modified(p) for p in paths]  # before any submission runs, like their bytes
     copies = [_read(p) for p in paths]
     sources = _sources()  # once, before any submission runs
     lessons = lesson_notebooks() if lesson is None else []
@@ -1140,8 +1176,9 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
     if problem:
         print(f"running without a sandbox ({problem}): each submission can read and write what this user can, "
               f"stop your processes and change the grading of the submissions after it.")
-    hide = {p.resolve().parent for p in paths} | {Path.cwd(), Path(out).resolve().parent}
-    if feedback is True:
+    hide = {p.resolve().parent for p in paths} | {Path.cwd()}
+    hide |= {Path(f).resolve().parent for f in (out, records) if f is not None}
+    if feedback is True and out is not None:
         feedback = Path(out).with_name(Path(out).stem + "-feedback")
     feedback = Path(feedback) if feedback else None
     if feedback is not None:
@@ -1149,7 +1186,7 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
         hide.add(feedback.resolve())
     taken = set()  # feedback file names given out, so two submissions never share one
 
-    def one(path, job):
+    def one(path, job, when):
         start = time.monotonic()
         said = {}
         try:
@@ -1161,37 +1198,63 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
         row = {"notebook": printable(path), "status": status, "passed": passed, "total": len(outcomes), **outcomes}
         if "problem" in job:
             row[UNGRADED] = True  # not a column: the command's exit status says it
+        record = submission_record(path, job, row, outcomes, said, when)
         if feedback is not None:
-            _write_feedback(feedback, path, row, outcomes, said, taken)
-        return row, time.monotonic() - start
+            write_feedback_page(feedback / _page_name(path, taken), record)
+        return row, record, time.monotonic() - start
 
     rows = []
-    with _undumpable(), open(out, "w", newline="") as f, ThreadPoolExecutor(max(1, jobs)) as pool:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_undumpable())
+        f = stack.enter_context(open(out, "w", newline="")) if out is not None else io.StringIO()
+        log = stack.enter_context(open(records, "a", encoding="utf-8")) if records is not None else io.StringIO()
+        pool = stack.enter_context(ThreadPoolExecutor(max(1, jobs)))
         writer = csv.DictWriter(f, fieldnames=["notebook", "status", "passed", "total"] + ids, restval="",
                                 extrasaction="ignore")
         writer.writeheader()
         f.flush()
-        running = [pool.submit(one, p, job) for p, job in zip(paths, submissions)]
+        running = [pool.submit(one, p, job, when) for p, job, when in zip(paths, submissions, modified)]
         for n, done in enumerate(running if jobs <= 1 else as_completed(running), 1):
-            row, seconds = done.result()
+            row, record, seconds = done.result()
             writer.writerow(row)
             f.flush()
+            log.write(json.dumps(record, sort_keys=True) + "\n")
+            log.flush()
             rows.append(row)
             print(f"[{n}/{len(paths)}] {row['notebook']}: {row['status']}, {row['passed']}/{row['total']} "
                   f"passed ({seconds:.0f} s)", flush=True)
-    _summary(rows, ids, out)
+    _summary(rows, ids, out if out is not None else records)
     return rows
+
+
+def _modified(path):
+    """When the file was last changed, as an ISO 8601 time in UTC (None where it cannot be read)."""
+    import datetime
+
+    try:
+        seconds = os.lstat(path).st_mtime
+    except OSError:
+        return None
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def submission_record(path, job, row, outcomes, said, modified):
+    """What grading found out about one submission, as plain data (one line of the records file):
+    enough to build every report of the gradebook again without running anything."""
+    cells = job.get("cells", [])
+    return {"notebook": str(row["notebook"]), "path": str(Path(path).resolve()),
+            "lesson": job["lesson"].stem if "lesson" in job else "",
+            "exercises": [i for i, _ in job["exercises"]], "status": row["status"],
+            "outcomes": dict(outcomes), "messages": {i: printable(said.get(i, ""))[:2000] for i in outcomes},
+            "answers": {i: cells[n] for i, n in job.get("exercise_cells", {}).items() if n < len(cells)},
+            "modified": modified, "version": job.get("version", ""), "ungraded": "problem" in job}
 
 
 _NAMING = threading.Lock()
 
 
-def _write_feedback(folder, path, row, outcomes, said, taken):
-    """One HTML page for the learner of one submission: what was graded, and for each exercise its
-    outcome and what the check said (the input it failed on and the hint; grading never adds the
-    full answer)."""
-    import html
-
+def _page_name(path, taken):
+    """A file name for a submission's feedback page, never one given out before."""
     path = Path(path)
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{path.parent.name}__{path.stem}").strip("_") or "submission"
     with _NAMING:  # submissions are graded in several threads at once
@@ -1200,17 +1263,41 @@ def _write_feedback(folder, path, row, outcomes, said, taken):
             n += 1
             name = f"{base}-{n}.html"
         taken.add(name)
-    lines = ["<!doctype html>", '<meta charset="utf-8">', f"<title>Feedback on {html.escape(path.name)}</title>",
-             f"<h1>{html.escape(path.name)}</h1>",
-             f"<p>Submitted as {html.escape(printable(path))}. Notebook run: {html.escape(str(row['status']))}.</p>",
-             f"<p>{row['passed']} of {row['total']} exercises passed.</p>",
+    return name
+
+
+def feedback_html(record, heading=None):
+    """The body of a feedback page for one submission: what was graded, and for each exercise its
+    outcome and what the check said (the input it failed on and the hint; grading never adds the
+    full answer)."""
+    import html
+
+    outcomes = record["outcomes"]
+    passed = sum(v == "passed" for v in outcomes.values())
+    name = Path(record["notebook"]).name
+    lines = [f"<h2>{html.escape(heading or name)}</h2>",
+             f"<p>Submitted as {html.escape(printable(record['notebook']))}. "
+             f"Notebook run: {html.escape(str(record['status']))}.</p>",
+             f"<p>{passed} of {len(outcomes)} exercises passed.</p>",
              "<table>", "<tr><th>Exercise</th><th>Outcome</th><th>What the check said</th></tr>"]
     for exercise_id, outcome in outcomes.items():
-        message = printable(said.get(exercise_id, ""))[:2000]
+        message = printable(record["messages"].get(exercise_id, ""))[:2000]
         lines.append(f"<tr><td>{html.escape(exercise_id)}</td><td>{html.escape(outcome)}</td>"
                      f"<td>{html.escape(message)}</td></tr>")
     lines.append("</table>")
-    (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines
+
+
+def html_page(title, body):
+    import html
+
+    return "\n".join(["<!doctype html>", '<meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+                      *body]) + "\n"
+
+
+def write_feedback_page(path, record):
+    name = Path(record["notebook"]).name
+    Path(path).write_text(html_page(f"Feedback on {name}", feedback_html(record)), encoding="utf-8")
 
 
 def _summary(rows, ids, out):

@@ -18,16 +18,24 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository, when the course
 NOTEBOOK_DIRS = ("notebooks", "solutions")
 
 INSTALL_CELL = """\
-# On Colab, install the course package (elsewhere this cell does nothing).
+# Installs the course where it is missing (Colab, Binder, Kaggle, VS Code, any Jupyter); where it
+# is installed already, this cell does nothing. Offline, COURSE_SOURCE can name a copy: a clone or a wheel.
+import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-    url = "{git_url}"
-    # On a GPU runtime, the `gpu` extra also brings the CUDA libraries numba needs to compile kernels.
-    package = f"course[gpu] @ {{url}}" if os.path.exists("/dev/nvidia0") else url
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", package])"""
+if importlib.util.find_spec("course") is None:
+    source = os.environ.get("COURSE_SOURCE") or "{git_url}"
+    if os.path.exists(source):  # a clone or a wheel on this machine
+        source = pathlib.Path(source).resolve().as_uri()
+    # On a GPU machine, the `gpu` extra also brings the CUDA libraries numba needs to compile kernels.
+    extra = "[gpu]" if os.path.exists("/dev/nvidia0") else ""
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"course{{extra}} @ {{source}}"]).returncode:
+        print(f"Could not install the course from {{source}} (is this machine offline?). Copy a clone or a wheel of "
+              f"it here, then run this cell again after `%env COURSE_SOURCE=/path/to/that/copy`.")
+    importlib.invalidate_caches()"""
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE = "[![Open In Colab](" + BADGE_IMAGE + ")]({url})"
@@ -88,8 +96,17 @@ def all_notebooks(root=None):
     return sorted(p for kind in NOTEBOOK_DIRS for p in lesson_paths(root, kind))
 
 
-def install_source(repo=None):
-    return INSTALL_CELL.format(git_url=_repo.git_url(repo or _repo.REPO))
+def install_source(repo=None, ref=_repo.BRANCH):
+    """The first code cell of every lesson: installs the course from `repo` at `ref` where it is missing."""
+    return INSTALL_CELL.format(git_url=_repo.git_url(repo, ref))
+
+
+_INSTALL_FROM = re.compile(r'(os\.environ\.get\("COURSE_SOURCE"\) or )"[^"\n]*"')
+
+
+def is_install_cell(source):
+    """Whether `source` is the install cell, from whichever repository and commit it installs."""
+    return _INSTALL_FROM.sub(r'\1""', source) == _INSTALL_FROM.sub(r'\1""', install_source())
 
 
 def badge(relpath, repo=None):
@@ -261,7 +278,8 @@ def set_repo(repo):
     repo_file.write_text(re.sub(r'^REPO = ".*"$', f'REPO = "{repo}"', text, flags=re.M))
     for name in ("README.md", "pyproject.toml"):
         f = root / name
-        f.write_text(f.read_text().replace(f"github.com/{old}", f"github.com/{repo}"))
+        f.write_text(f.read_text().replace(f"github.com/{old}", f"github.com/{repo}")
+                     .replace(f"mybinder.org/v2/gh/{old}/", f"mybinder.org/v2/gh/{repo}/"))
     for p in all_notebooks(root):
         nb = nbformat.read(str(p), as_version=4)
         rel = p.relative_to(root).as_posix()
@@ -276,6 +294,23 @@ def set_repo(repo):
         nbformat.write(nb, str(p))
     _repo.REPO = repo
     print(f"badges, install cells and links now point at github.com/{repo}")
+
+
+def hub_links(hub, chosen=(), repo=None, branch=None, kind="notebooks", app="lab"):
+    """[(lesson title, JupyterHub nbgitpuller link)] for the lessons chosen by part ("1") or lesson
+    ("4.2"), all of them by default."""
+    if not re.match(r"https?://[^/\s]+", hub):
+        raise SystemExit(f"the hub's address starts with https:// (https://hub.example.edu), not {hub!r}")
+    root = repo_root()
+    paths = lesson_paths(root, kind)
+    picked = [p for p in paths if not chosen or any(p.stem.split("-", 1)[0] == c or p.parent.name.split("-", 1)[0] == c
+                                                    for c in map(str, chosen))]
+    unknown = [c for c in chosen if not any(p.stem.split("-", 1)[0] == c or p.parent.name.split("-", 1)[0] == c
+                                            for p in paths)]
+    if unknown:
+        raise SystemExit(f"no part or lesson {', '.join(unknown)}: name parts (1) or lessons (4.2)")
+    return [(title_of(p), _repo.hub_link(hub, p.relative_to(root).as_posix(), repo=repo,
+                                         branch=branch or _repo.BRANCH, app=app)) for p in picked]
 
 
 def title_of(path):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from course import grading
@@ -419,3 +420,21 @@ def test_each_submission_gets_a_feedback_page_with_what_its_checks_said(tmp_path
     assert "4 of 4 exercises passed" in carol and carol.count("passed.</td>") == 4
     assert "[1.1.1] not attempted yet" in dave
     assert "<script" not in bob and "&lt;script&gt;alert(1)&lt;/script&gt;" in bob
+
+
+def test_an_object_changed_between_two_messages_arrives_as_it_is_now():
+    """The learner's numerical_gradient may pass one list to f twice, changed in between: each call
+    must see the list as it is then, not as it was when it first crossed."""
+    from course.instructor.codec import Codec
+
+    here, there = Codec("a"), Codec("b")
+    xs, nested, weights = [1.0, 2.0], {"inner": [0]}, np.zeros(3)
+    first = there.decode(here.encode((xs, nested, weights)))
+    xs[0] += 0.5
+    nested["inner"].append(7)
+    weights[1] = 2.0
+    second = there.decode(here.encode((xs, nested, weights)))
+    assert second[0] == [1.5, 2.0] and second[1] == {"inner": [0, 7]} and list(second[2]) == [0, 2, 0]
+    assert second[0] is first[0]  # the same object on the other side, updated in place
+    untouched = here.encode((xs, nested, weights))
+    assert untouched[1] == []  # nothing changed: nothing is sent again

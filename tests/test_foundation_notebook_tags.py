@@ -98,7 +98,7 @@ def test_build_and_execute_turn_the_comment_into_the_tag(tmp_path, monkeypatch):
     # An author adds a marked cell to a built lesson: re-executing it moves the marker, and runs it.
     nb = nbformat.read(str(path), as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell("# NBVAL_SKIP\nprint(3)"))
-    nb.cells = [c for c in nb.cells if "google.colab" not in c.source]  # no install cell: nothing to install here
+    nb.cells = [c for c in nb.cells if c.source != notebooks.install_source()]  # no install cell: nothing to install here
     nbformat.write(nb, str(path))
     notebooks.execute(path, timeout=120)
     code = [c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"]
@@ -110,8 +110,14 @@ def test_assigning_keeps_the_lessons_and_their_tags_as_they_are(tmp_path):
     grading.assign(["1"], tmp_path)
     lessons = [p for p in notebooks.lesson_paths(ROOT, "notebooks") if p.parent.name == "1-micrograd"]
     assert lessons
-    for lesson in lessons:
-        assert (tmp_path / "1-micrograd" / lesson.name).read_bytes() == lesson.read_bytes()
+    for lesson in lessons:  # the same cells, tags and outputs; the install cell pinned, the version stamped
+        given = nbformat.read(str(tmp_path / "1-micrograd" / lesson.name), as_version=4)
+        ours = nbformat.read(str(lesson), as_version=4)
+        assert [c.metadata for c in given.cells] == [c.metadata for c in ours.cells]
+        assert [c.get("outputs") for c in given.cells] == [c.get("outputs") for c in ours.cells]
+        assert [c.source for c in given.cells if not notebooks.is_install_cell(c.source)] == \
+            [c.source for c in ours.cells if not notebooks.is_install_cell(c.source)]
+        assert given.metadata["course"]["version"] and given.metadata["kernelspec"] == ours.metadata["kernelspec"]
     readme = (tmp_path / "README.md").read_text()
     upgrade, install = readme.find("python -m pip install --upgrade pip"), readme.find('pip install "course[lab]')
     assert 0 <= upgrade < install, "the students' README should upgrade pip before installing the course"

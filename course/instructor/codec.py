@@ -19,6 +19,7 @@ what a call changed in its arguments is sent back and applied to the originals.
 """
 
 import base64
+import hashlib
 import builtins
 import contextlib
 import gc
@@ -215,6 +216,7 @@ class Codec:
         self.lent_ids = {}
         self.remotes = {}         # handle number -> Remote of the other side's object
         self.touched = set()      # numbers decoded since the last reset: what a request reached
+        self.synced = {}          # number -> what the object held when the two sides last agreed on it
         self.channel = None
         self._next = 0
         self._queue = []
@@ -229,20 +231,33 @@ class Codec:
     # ---- encoding ----
 
     def encode(self, value):
+        """A message holding `value`: the objects it reaches that the other side has not seen, and
+        the contents of those it has seen that changed here since (a list the learner's code
+        mutated between two calls that pass it)."""
         with _no_collection():
             root = self._enc(value)
-            return ["x", self._drain([]), root]
+            defs = self._drain([])
+            sent = {n for n, _ in defs}
+            for n in sorted(_reached(self, value) - sent):
+                if not _same(self.synced.get(n), _snapshot(self.objects[n])):
+                    defs.append([n, self._sync(n)])
+            return ["x", self._drain(defs), root]
 
     def states(self, numbers):
         """The current contents of the shared objects `numbers` (and any new object they hold)."""
         with _no_collection():
-            defs = [[n, self._body(self.objects[n])] for n in numbers if n in self.objects]
+            defs = [[n, self._sync(n)] for n in numbers if n in self.objects]
             return ["x", self._drain(defs), None]
+
+    def _sync(self, n):
+        obj = self.objects[n]
+        self.synced[n] = _snapshot(obj)
+        return self._body(obj)
 
     def _drain(self, defs):
         while self._queue:
             n, obj = self._queue.pop()
-            defs.append([n, self._body(obj)])
+            defs.append([n, self._sync(n) if self.objects.get(n) is obj else self._body(obj)])
         return defs
 
     def _ref(self, v):
@@ -365,6 +380,8 @@ class Codec:
         order = {"o": 0, "k": 1, "l": 2, "d": 3, "s": 4}
         for n, body in sorted(defs, key=lambda item: order.get(item[1][0], 5)):
             self._fill(self.objects[n], body)
+        for n, _ in defs:
+            self.synced[n] = _snapshot(self.objects[n])
         return self._val(data[2])
 
     apply = decode
@@ -577,6 +594,38 @@ class Remote:
         """(whether it is a class, "module:qualname" of it or its class and their ancestors), as its
         owner says."""
         return self._ask("classes")
+
+
+_EMPTY = object()
+_BY_VALUE = object()   # marks a snapshot compared by value: a set's members, an array's digest
+
+
+def _snapshot(v):
+    """What `v` holds now, cheaply: the objects in a container or in an object's fields (kept, so
+    that comparing by identity is safe), a digest of an array's bytes."""
+    t = type(v)
+    if t is list:
+        return tuple(v)
+    if t is dict:
+        return tuple(x for item in v.items() for x in item)
+    if t is set:
+        return (_BY_VALUE, frozenset(v))
+    if t is np.ndarray:
+        return (_BY_VALUE, v.shape, v.dtype.str, hashlib.blake2b(np.ascontiguousarray(v).tobytes()).digest())
+    if t is np.random.Generator:
+        return (_BY_VALUE, repr(v.bit_generator.state))
+    if isinstance(v, types.FunctionType):
+        return tuple(c.cell_contents if _cell_full(c) else _EMPTY for c in v.__closure__ or ()) + (v.__defaults__,)
+    fields = tuple(getattr(v, f, _EMPTY) for f in _fields(t))
+    return fields + (tuple(x for item in vars(v).items() for x in item) if hasattr(v, "__dict__") else ())
+
+
+def _same(old, new):
+    if old is None or type(old) is not type(new) or len(old) != len(new):
+        return False
+    if new and new[0] is _BY_VALUE:
+        return old == new
+    return all(a is b for a, b in zip(old, new))
 
 
 def _reached(codec, start, most=200_000):

@@ -1,0 +1,104 @@
+"""Who handed in what: the students of a class, and which student each submission belongs to.
+
+Without a roster, a submission belongs to the folder it is in: `submissions/<student>/<lesson>.ipynb`.
+With one (`--roster roster.csv`), each row is a student; a submission is matched to a row by that
+folder name, or by the student's number in an LMS's download names:
+- Canvas ("Download submissions"): `smithjane_12345_67890_1.1-derivatives.ipynb` (`_late_` may follow the
+  name), where 12345 is the student's Canvas user id;
+- Moodle ("Download all submissions"): a folder `Jane Smith_12345_assignsubmission_file_` per student, or
+  the same words before the file name, where 12345 is the participant id.
+
+A roster's columns, in any order, any case (the first of each list found is used):
+    id       id, student id, sis user id, username, id number, student
+    name     name, full name, student name
+    section  section, group
+    email    email, email address
+    lms_id   lms_id, canvas id, canvas user id, participant, participant id
+    submitted   submitted, submitted at, submission time, last modified (submission)
+`submitted`, where given, is the time the LMS recorded for the student's submission (an export of one
+assignment); otherwise the file's own modification time is used.
+"""
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = {
+    "id": ("id", "student id", "sis user id", "username", "id number", "student"),
+    "name": ("name", "full name", "student name"),
+    "section": ("section", "group"),
+    "email": ("email", "email address"),
+    "lms_id": ("lms_id", "lms id", "canvas id", "canvas user id", "participant", "participant id"),
+    "submitted": ("submitted", "submitted at", "submission time", "last modified (submission)"),
+}
+
+CANVAS_NAME = re.compile(r"^[a-z]+_(?:late_)?(?P<number>\d+)_\d+_(?P<file>.+)$")
+MOODLE_NAME = re.compile(r"^(?P<name>.+?)_(?P<number>\d+)_assignsubmission_[a-z]+_(?P<file>.*)$")
+
+
+@dataclass(frozen=True)
+class Student:
+    id: str
+    name: str = ""
+    section: str = ""
+    email: str = ""
+    lms_id: str = ""
+    submitted: str = ""   # the LMS's submission time, where the roster gives one
+    on_roster: bool = True
+
+
+def read_roster(path):
+    """[Student] of a roster CSV; a clear error for a roster without an id column or with an id twice."""
+    with open(path, newline="", encoding="utf-8-sig") as f:  # utf-8-sig: spreadsheets write a BOM
+        reader = csv.DictReader(f)
+        header = {name.strip().lower(): name for name in reader.fieldnames or ()}
+        found = {key: next((header[c] for c in choices if c in header), None) for key, choices in COLUMNS.items()}
+        if found["id"] is None:
+            raise SystemExit(f"{path}: a roster needs a column of student ids (one of: "
+                             f"{', '.join(COLUMNS['id'])}); its columns are {', '.join(reader.fieldnames or ())}")
+        students, seen = [], set()
+        for n, row in enumerate(reader, 2):
+            values = {key: (row.get(column) or "").strip() if column else "" for key, column in found.items()}
+            if not values["id"]:
+                continue  # a blank line, or a spreadsheet's "Points Possible" row
+            if values["id"] in seen:
+                raise SystemExit(f"{path}, line {n}: the student id {values['id']!r} is on the roster twice")
+            seen.add(values["id"])
+            students.append(Student(**values))
+    return students
+
+
+def submitter(path):
+    """(the key that names the student, the file name as handed out) of a submission's path."""
+    path = Path(path)
+    canvas = CANVAS_NAME.match(path.name)
+    if canvas:
+        return canvas["number"], canvas["file"]
+    for part in (path.name, path.parent.name):
+        moodle = MOODLE_NAME.match(part)
+        if moodle:
+            return moodle["number"], moodle["file"] if part == path.name else path.name
+    return path.parent.name, path.name
+
+
+class Roster:
+    """Finds the student of each submission; students not on a roster are made up from the key."""
+
+    def __init__(self, students=()):
+        self.students = list(students)
+        self._by_key = {}
+        for student in self.students:
+            for key in (student.id, student.lms_id, student.email):
+                if key:
+                    self._by_key.setdefault(key.lower(), student)
+
+    def __bool__(self):
+        return bool(self.students)
+
+    def student_of(self, path):
+        key, _ = submitter(path)
+        found = self._by_key.get(key.lower())
+        if found is not None:
+            return found
+        return Student(id=key, on_roster=not self.students)
