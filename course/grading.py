@@ -1002,6 +1002,12 @@ def _prepare(path, data, lessons, lesson=None):
     job["version"] = str((nb.metadata.get("course") or {}).get("version", ""))[:80]
     job["cells"] = [c.source for c in _code_cells(nb)]
     job["exercise_cells"] = exercise_cells(nb, exercises)
+    # An exercise cell left as it was handed out (`raise NotImplementedError`) is not attempted:
+    # nothing of it needs checking (a kernel's check alone costs a process and a compiler).
+    given = [c.source for c in _code_cells(handed_out)]
+    handed = {i: given[n] for i, n in exercise_cells(handed_out, exercises).items()}
+    job["untouched"] = {i for i, n in job["exercise_cells"].items()
+                        if job["cells"][n].strip() == handed.get(i, "").strip() and "NotImplementedError" in handed[i]}
     job["inside"], job["across"], job["kernels"] = _where_checked(exercises)
     return job
 
@@ -1106,6 +1112,8 @@ def _grade_across(job, exercises, time_limit, sandbox, hide, sources):
 
 def _grade_job(job, time_limit, sandbox, hide, sources, memory, messages=None):
     """(status, {id: outcome}) of one submission; `messages`, a dict, gets what each check said."""
+    from course.exercises import _core
+
     outcomes = {i: "not run" for i, _ in job["exercises"]}
     messages = {} if messages is None else messages
     if "problem" in job:
@@ -1114,7 +1122,8 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory, messages=None):
     # The exercises checked across the wall are answered while the notebook runs (for its status
     # and the checks that stay in its kernel); only those whose own cell ran then count.
     cells = job["exercise_cells"]
-    answered = [(i, name, strip) for i, name, strip in job["across"] if cells.get(i) is not None]
+    answered = [(i, name, strip) for i, name, strip in job["across"]
+                if cells.get(i) is not None and i not in job["untouched"]]
     across = {}
     worker = threading.Thread(target=lambda: across.update(
         _grade_across(job, answered, time_limit, sandbox, hide, sources["course"])), daemon=True)
@@ -1130,6 +1139,10 @@ def _grade_job(job, time_limit, sandbox, hide, sources, memory, messages=None):
     if not status.startswith("timed out"):
         outcomes.update({i: outcome for i, (outcome, _) in across.items() if cells[i] < ran})
         messages.update({i: message for i, (_, message) in across.items() if cells[i] < ran})
+        for i, _, _ in job["across"]:
+            if i in job["untouched"] and cells[i] < ran:
+                outcomes[i] = "not attempted"
+                messages[i] = _core.not_attempted(i)  # what its check says of the handed-out stub
     for i, outcome in outcomes.items():
         if i in messages:
             continue

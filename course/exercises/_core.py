@@ -445,6 +445,11 @@ def check(exercise_id, candidate):
     return result
 
 
+def not_attempted(exercise_id):
+    return (f"[{exercise_id}] not attempted yet: replace `raise NotImplementedError` with your code and run the "
+            f"cell again.")
+
+
 def run(exercise_id, candidate, gate=True, fresh=None):
     """The CheckResult of one exercise, printing nothing.
 
@@ -473,9 +478,7 @@ def run(exercise_id, candidate, gate=True, fresh=None):
                                       f"the exercise asks you to {entry_.task or 'write it'}")
                 entry_.fn(candidate, rng)
     except (_NotAttempted, NotImplementedError):
-        result = CheckResult(exercise_id, "not attempted",
-                             f"[{exercise_id}] not attempted yet: replace `raise NotImplementedError` "
-                             f"with your code and run the cell again.")
+        result = CheckResult(exercise_id, "not attempted", not_attempted(exercise_id))
     except CheckFailed as failure:
         result = _failed(exercise_id, entry_, str(failure), reveal=gate)
     except Exception as err:  # the check tripped over what the learner's function returned
