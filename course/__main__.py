@@ -32,9 +32,9 @@ def main(argv=None):
   python -m course grade --roster roster.csv -- subs/*/*.ipynb        students' names and sections, LMS download names
   python -m course grade --points points.csv -- subs/*/*.ipynb        points per exercise (make assignment writes one)
   python -m course grade --deadline 2026-12-01T17:00 --late-penalty 10 --grace 15 -- subs/*/*.ipynb
-                                                                      10%% off per day late, after 15 minutes' grace
+                                                                      10% off per day late, after 15 minutes' grace
   python -m course grade --manual grades.csv -- subs/*/*.ipynb        keep the manual points filled in last time
-  python -m course grade --similarity 0.9 -- subs/*/*.ipynb           flag only answers 90%% alike for review
+  python -m course grade --similarity 0.9 -- subs/*/*.ipynb           flag only answers 90% alike for review
   python -m course grade --shard 2/8 --out shard-2.csv -- subs/*/*.ipynb   the 2nd of 8 slices (a job array)
   python -m course grade --jobs 4 --time-limit 120 -- subs/*/*.ipynb  4 at once, 2 minutes each
   python -m course grade --lesson my-1.1.ipynb -- subs/*.ipynb        all answer this handed-out lesson
@@ -84,8 +84,9 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="""examples:
   python -m course hub-links https://hub.example.edu                  every lesson
   python -m course hub-links https://hub.example.edu 1 4.2            part 1 and lesson 4.2
-  python -m course hub-links https://hub.example.edu --classic 1      in the classic notebook interface
-  python -m course hub-links https://hub.example.edu --repo https://github.com/me/handout --branch fall 1
+  python -m course hub-links https://hub.example.edu 1 --classic      in the classic notebook interface
+  python -m course hub-links https://hub.example.edu 1 --repo https://github.com/me/handout --branch fall
+                                    a hand-out repository (make assignment's folders at its top)
 A student who opens a link gets the repository cloned into their home on the hub (updated, keeping
 their changes, when it is there already) and the lesson opened.""")
     p.add_argument("hub", help="the hub's address, https://hub.example.edu")
@@ -97,6 +98,8 @@ their changes, when it is there already) and the lesson opened.""")
 
     argv, files = _split_files(argv)
     args, extra = parser.parse_known_args(argv)
+    if args.command == "hub-links" and not any(e.startswith("-") for e in extra):
+        args.lessons, extra = args.lessons + extra, []  # lessons named after the options
     if extra and args.command != "lab":  # only `lab` passes options on (to JupyterLab)
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "assign":
@@ -105,7 +108,8 @@ their changes, when it is there already) and the lesson opened.""")
     elif args.command in ("grade", "gradebook"):
         from .grading import UNGRADED
 
-        options = _read_class_options(args)
+        options = _read_class_options(args, argv)
+        said = options.pop("said")
         if args.command == "grade":
             from .gradebook import grade_class, parse_shard
 
@@ -116,6 +120,10 @@ their changes, when it is there already) and the lesson opened.""")
             records, rows = grade_class(args.notebooks, args.out, shard=shard, time_limit=args.time_limit,
                                         lesson=args.lesson, sandbox=not args.no_sandbox, jobs=args.jobs,
                                         memory=args.memory, **options)
+            if shard is not None:
+                print("once every shard is done, merge them, with the class's options: python -m course gradebook "
+                      f"--out grades.csv {' '.join(said) or '[--roster ... --deadline ...]'} "
+                      "<every shard's -results.jsonl>")
         else:
             from .gradebook import build, load_records
 
@@ -167,10 +175,23 @@ def _class_options(p):
     p.add_argument("--no-feedback", action="store_true", help="write no feedback pages")
 
 
-def _read_class_options(args):
+def _read_class_options(args, argv):
     import datetime
+    import os
 
     from .gradebook import LatePolicy, copies, parse_time, read_manual, read_points, read_roster
+
+    manual = read_manual(args.manual) if args.manual else None
+    if manual is None and os.path.isfile(args.out):
+        try:  # what the instructor typed into the gradebook is never lost to a new run
+            manual = read_manual(args.out)
+        except SystemExit:
+            manual = None
+        if manual:
+            print(f"keeping the manual points and comments of {len(manual)} row{'s' if len(manual) > 1 else ''} "
+                  f"of {args.out} (--manual names another file to take them from)")
+    names = ("--roster", "--points", "--deadline", "--late-penalty", "--grace", "--similarity")
+    said = [a for n, a in enumerate(argv) if a.split("=")[0] in names or (n and argv[n - 1] in names)]
 
     if args.late_penalty < 0 or args.grace < 0:
         raise SystemExit("--late-penalty and --grace cannot be negative")
@@ -182,9 +203,8 @@ def _read_class_options(args):
             "points": read_points(args.points) if args.points else None,
             "late": LatePolicy(parse_time(args.deadline, "--deadline") if args.deadline else None, args.late_penalty,
                                datetime.timedelta(minutes=args.grace)),
-            "manual": read_manual(args.manual) if args.manual else None,
-            "threshold": copies.THRESHOLD if args.similarity is None else args.similarity,
-            "feedback": False if args.no_feedback else (args.feedback or True)}
+            "manual": manual, "threshold": copies.THRESHOLD if args.similarity is None else args.similarity,
+            "feedback": False if args.no_feedback else (args.feedback or True), "said": said}
 
 
 def _split_files(argv):

@@ -109,8 +109,8 @@ def is_install_cell(source):
     return _INSTALL_FROM.sub(r'\1""', source) == _INSTALL_FROM.sub(r'\1""', install_source())
 
 
-def badge(relpath, repo=None):
-    return BADGE.format(url=_repo.colab_url(relpath, repo=repo or _repo.REPO))
+def badge(relpath, repo=None, branch=_repo.BRANCH):
+    return BADGE.format(url=_repo.colab_url(relpath, repo=repo or _repo.REPO, branch=branch))
 
 
 def markers_to_tags(nb, where="the notebook"):
@@ -309,8 +309,11 @@ def hub_links(hub, chosen=(), repo=None, branch=None, kind="notebooks", app="lab
                                             for p in paths)]
     if unknown:
         raise SystemExit(f"no part or lesson {', '.join(unknown)}: name parts (1) or lessons (4.2)")
-    return [(title_of(p), _repo.hub_link(hub, p.relative_to(root).as_posix(), repo=repo,
-                                         branch=branch or _repo.BRANCH, app=app)) for p in picked]
+    # The course's own repository has notebooks/ and solutions/; a hand-out repository, the parts'
+    # folders at its top, as `make assignment` writes them.
+    where = (lambda p: p.relative_to(root).as_posix()) if repo is None else (lambda p: f"{p.parent.name}/{p.name}")
+    return [(title_of(p), _repo.hub_link(hub, where(p), repo=repo, branch=branch or _repo.BRANCH, app=app))
+            for p in picked]
 
 
 def title_of(path):

@@ -1,8 +1,10 @@
 #!/bin/bash
 # Grade a class in 8 shards as a Slurm job array, then merge them into one gradebook:
 #   sbatch scripts/grade-slurm.sh
-#   sbatch --dependency=afterany:<the array's job id> --wrap \
-#     ".venv/bin/python -m course gradebook --out grades.csv --roster roster.csv shard-*-results.jsonl"
+#   sbatch --dependency=afterany:<the array's job id> --wrap ".venv/bin/python -m course gradebook \
+#     --out grades.csv --roster roster.csv --points points.csv --deadline 2026-12-01T17:00 \
+#     --late-penalty 10 shard-*-results.jsonl"
+# (the merge takes the class's options: a shard only grades)
 # Run from the course's folder (with `make setup` done) on a file system every node sees, with the
 # submissions in submissions/<student>/<lesson>.ipynb. Each task grades the slice of the class that
 # its number picks; no task needs to know the others.

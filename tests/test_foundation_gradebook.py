@@ -9,6 +9,7 @@ roster.
 
 import csv
 import datetime as dt
+import json
 import os
 import shutil
 import subprocess
@@ -151,6 +152,10 @@ def test_the_class_gradebook_from_a_roster_points_and_a_deadline(graded):
         assert all(by[student][i] == "not attempted" for i in POINTS)
     assert "like s24 (1.00)" in by["s23"]["copies"] and "like s23 (1.00)" in by["s24"]["copies"]
     assert "like s23 (1.00)" in by["s22"]["copies"]  # renamed and recommented, still the same shape
+    records = {json.loads(line)["path"].split("/submissions/")[1].split("/")[0]: json.loads(line)
+               for line in (root / "grades-results.jsonl").read_text().splitlines()}
+    assert {k: v for k, v in records["s24"].items() if k not in ("path", "notebook", "modified")} == \
+        {k: v for k, v in records["s23"].items() if k not in ("path", "notebook", "modified")}  # graded once
     for student in ("s25", "s26"):
         assert "like the course's solution (1.00)" in by[student]["copies"], by[student]
         assert by[student]["score"] == "6"  # flagged for review, never marked down by the code
@@ -179,7 +184,8 @@ def test_the_class_gradebook_from_a_roster_points_and_a_deadline(graded):
     with open(root / "grades-moodle.csv", newline="", encoding="utf-8") as f:
         moodle = list(csv.reader(f))
     assert moodle[0] == ["First name", "Last name", "ID number", "Email address", f"{title} (Real)"]
-    assert ["Student 06", "Example", "s06", "s06@uni.example", "5.4"] in moodle and len(moodle) == 33
+    assert ["Student 06", "Example", "s06", "s06@uni.example", "5.4"] in moodle
+    assert len(moodle) == 32 and len(canvas) == 33  # the 31 on the roster: x99 cannot be imported
 
     pages = root / "grades-feedback"
     six = (pages / "s06.html").read_text()
@@ -209,6 +215,10 @@ def test_manual_points_are_read_back_and_the_gradebook_rebuilt_without_running(g
     assert s09["manual"] == "1.5" and s09["score"] == f"{float(s09['points']) + 1.5:g}"
     assert "good reasoning in the text cell" in (root / "rebuilt-feedback" / "s09.html").read_text()
     assert all(rebuilt[s]["score"] == before[s]["score"] for s in before if s != "s09")
+    # Typed into the gradebook itself: a later build keeps it without being told.
+    shutil.copy(root / "edited.csv", root / "typed.csv")
+    _grade(root, "gradebook", "--out", "typed.csv", *OPTIONS, "grades-results.jsonl")
+    assert {r["student"]: r for r in _rows(root / "typed.csv")}["s09"]["score"] == s09["score"]
 
 
 def test_three_shards_merge_into_the_one_shot_gradebook(graded):
@@ -237,6 +247,38 @@ def test_a_roster_names_its_problems(tmp_path):
         roster.read_roster(path)
 
 
+def test_canvas_and_moodle_exports_are_read_as_rosters(tmp_path, capsys):
+    canvas = tmp_path / "canvas.csv"
+    canvas.write_text("Student,ID,SIS User ID,SIS Login ID,Section,Lab 1 (123)\n    Points Possible,,,,,10\n"
+                      '"Smith, Jane",1234,s01,jane@uni.example,A,5\n')
+    assert roster.read_roster(canvas) == [roster.Student("s01", "Smith, Jane", "A", "jane@uni.example", "1234")]
+    moodle = tmp_path / "moodle.csv"
+    moodle.write_text("First name,Last name,ID number,Institution,Department,Email address\nJane,Smith,s01,,,j@u.edu\n")
+    assert roster.read_roster(moodle) == [roster.Student("s01", "Jane Smith", "", "j@u.edu")]
+    capsys.readouterr()
+    typo = tmp_path / "typo.csv"
+    typo.write_text("id,nmae\ns01,Jane\n")
+    roster.read_roster(typo)
+    assert "not using the column nmae" in capsys.readouterr().out
+
+
+def test_a_mistyped_pattern_or_missing_file_writes_nothing_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grades.csv").write_text("student,lesson,manual\nada,1.1-derivatives,2\n")
+    (tmp_path / "submissions" / "ada").mkdir(parents=True)
+    for args, said in ((["--", "submissions/*/*.ipnyb"], "none of the 1 inputs is a notebook file"),
+                       (["--", "submissions"], "it is a folder: give the notebooks in it"),
+                       (["--roster", "nosuch.csv", "--", "x.ipynb"], "cannot read the roster nosuch.csv"),
+                       (["--points", "nosuch.csv", "--", "x.ipynb"], "cannot read the points file nosuch.csv"),
+                       (["--late-penalty", "5", "--", "x.ipynb"], "--late-penalty and --grace need a --deadline")):
+        with pytest.raises(SystemExit, match=said):
+            main(["grade", *args])
+    assert (tmp_path / "grades.csv").read_text() == "student,lesson,manual\nada,1.1-derivatives,2\n"
+    assert not (tmp_path / "grades-results.jsonl").exists()
+    with pytest.raises(SystemExit, match="there is no records file nosuch-results.jsonl"):
+        main(["gradebook", "nosuch-results.jsonl"])
+
+
 def test_lms_download_names_give_the_student():
     assert roster.submitter("x/smithjane_12345_67890_1.1-derivatives.ipynb") == ("12345", "1.1-derivatives.ipynb")
     assert roster.submitter("x/smithjane_late_12345_67890_1.1-derivatives-1.ipynb")[0] == "12345"
@@ -254,6 +296,8 @@ def test_late_days_count_any_part_of_a_day_after_the_grace():
     assert policy.LatePolicy().days_late(at(dt.timedelta(days=9))) == 0  # no deadline: never late
     assert policy.parse_time("Friday, 27 November 2026, 5:00 PM").hour == 17
     assert policy.parse_time("2026-11-01T17:00Z") == DEADLINE
+    due = policy.parse_time("2026-11-01")  # a date alone: the end of that day
+    assert (due.day, due.hour, due.minute) == (1, 23, 59)
     with pytest.raises(SystemExit, match="'next friday' is not a time"):
         policy.parse_time("next friday", "--deadline")
 
@@ -300,6 +344,8 @@ def test_assign_pins_the_install_line_and_stamps_the_version(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     if commit:  # a git clone: students install the very commit the instructor grades with
         assert f"{_repo.git_url()}@{commit}" in first.source and f"@{commit}" in readme
+        badge = next(c for c in nb.cells if c.cell_type == "markdown").source
+        assert _repo.colab_url(f"notebooks/1-micrograd/{LESSON}.ipynb", branch=commit) in badge
     handed_out = sorted((tmp_path / "1-micrograd").glob("*.ipynb"))
     assert policy.read_points(tmp_path / "points.csv") == {i: 1.0 for p in handed_out for i in grading.exercise_ids(p)}
 
@@ -309,7 +355,7 @@ def test_assign_pins_the_install_line_and_stamps_the_version(tmp_path):
 def test_hub_links_follow_nbgitpuller(capsys):
     """nbgitpuller's documented link: <hub>/hub/user-redirect/git-pull?repo=...&branch=...&urlpath=...,
     where urlpath opens a file in the clone, which is named like the repository's last path segment."""
-    main(["hub-links", "https://hub.example.edu/", "1.1", "6"])
+    main(["hub-links", "https://hub.example.edu/", "1.1", "--branch", "main", "6"])  # lessons before or after
     out = capsys.readouterr().out.splitlines()
     links = [line.strip() for line in out if line.startswith("    ")]
     assert len(links) == 1 + len([p for p in notebooks.lesson_paths(ROOT) if p.parent.name.startswith("6-")])
@@ -321,6 +367,8 @@ def test_hub_links_follow_nbgitpuller(capsys):
     assert out[0] == notebooks.title_of(ROOT / "notebooks" / "1-micrograd" / f"{LESSON}.ipynb")
     classic = _repo.hub_link("https://h.edu", "a/b.ipynb", repo="https://gitlab.com/me/handout.git", app="classic")
     assert parse_qs(urlparse(classic).query)["urlpath"] == ["tree/handout/a/b.ipynb"]
+    (_, handout), = notebooks.hub_links("https://h.edu", ["1.1"], repo="https://github.com/me/handout")
+    assert parse_qs(urlparse(handout).query)["urlpath"] == [f"lab/tree/handout/1-micrograd/{LESSON}.ipynb"]
     with pytest.raises(SystemExit, match="no part or lesson 9.9"):
         main(["hub-links", "https://hub.example.edu", "9.9"])
 

@@ -246,10 +246,11 @@ def test_after_a_double_dash_every_name_is_a_notebook(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.ipynb").write_text("{}")
     monkeypatch.setattr(grading, "grade", lambda paths, out, **kw: seen.update(paths=paths, out=out, **kw))
     cli.main(["grade", "--out", "g.csv", "--", "a.ipynb", "--lesson=b.ipynb", "--jobs=9"])
     assert [str(p) for p in seen["paths"]] == ["a.ipynb", "--lesson=b.ipynb", "--jobs=9"] and seen["lesson"] is None
-    assert seen["jobs"] == 1 and str(seen["records"]) == "g-results.jsonl"
+    assert seen["jobs"] == 1 and str(seen["records"]) == "g-results.jsonl.partial"  # renamed once all are in
 
 
 def test_an_oversized_file_is_not_read(tmp_path, monkeypatch):

@@ -80,8 +80,8 @@ def _(candidate, rng):
             on = f"f(a, b, c) = {name} at {_fmt(xs)}"
             given = list(xs)
             got = _expect_partials(call(candidate, f, given, on=on), len(xs), on)
-            expect(given == xs, f"your function changed the list xs it was given (now {_fmt(given)}) on {on}: "
-                                f"nudge a copy")
+            expect(given == xs, f"your function changed the list xs it was given (to {given!r}, from {xs!r}) on "
+                                f"{on}: nudge a copy")
             expect_close(got, grad(xs), on=on, rtol=1e-4, atol=1e-6, what="partial derivatives")
     # With a large step the central difference is not the exact derivative, nor a one-sided step.
     cubic = ("a**3 + a*b**2 - 2*c**3", lambda v: v[0] ** 3 + v[0] * v[1] ** 2 - 2 * v[2] ** 3)

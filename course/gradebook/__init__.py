@@ -70,18 +70,25 @@ def grade_class(paths, out="grades.csv", shard=None, roster=None, points=None, l
     `out`, then build the gradebook from it (not for a shard: its records are merged later)."""
     files = outputs(out)
     paths = [Path(p) for p in paths]
+    if not any(p.suffix == ".ipynb" and p.is_file() for p in paths):
+        why = [f"{p}: {err}" if isinstance(err := grading._read(p), OSError) else f"{p}: not a notebook file (.ipynb)"
+               for p in paths[:3]]
+        raise SystemExit(f"none of the {len(paths)} inputs is a notebook file, so nothing was graded or written "
+                         f"({'; '.join(why)}{' ...' if len(paths) > 3 else ''})")
     if shard is not None:
         k, n = shard
         paths = [p for p in paths if shard_of(p, n) == k]
         print(f"shard {k} of {n}: {len(paths)} submission{'' if len(paths) == 1 else 's'}")
     files["records"].parent.mkdir(parents=True, exist_ok=True)
-    files["records"].write_text("")
+    # Graded into a file of its own, which replaces the records only once every submission is in:
+    # a run that is stopped halfway leaves the last complete records (and what it did) beside them.
+    partial = files["records"].with_name(files["records"].name + ".partial")
+    partial.write_text("")
     if paths:
-        grading.grade(paths, None, feedback=False, records=files["records"], **grading_options)
+        grading.grade(paths, None, feedback=False, records=partial, **grading_options)
+    partial.replace(files["records"])
     records = load_records([files["records"]])
     if shard is not None:
-        print(f"wrote {files['records']}; once every shard is done, merge them: "
-              f"python -m course gradebook --out grades.csv <each shard's -results.jsonl>")
         return records, None
     return records, build(records, out, roster=roster, points=points, late=late, manual=manual,
                           threshold=threshold, feedback=feedback)
@@ -91,6 +98,8 @@ def load_records(files):
     """Every submission's record from the records files, in a fixed order (by path): shards merged."""
     records = []
     for name in files:
+        if not Path(name).is_file():
+            raise SystemExit(f"there is no records file {name} (grading writes them as <out>-results.jsonl)")
         with open(name, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
@@ -111,6 +120,8 @@ def load_records(files):
 def read_manual(path):
     """{(student, lesson): (manual points, comment)} from a gradebook the instructor filled in."""
     found = {}
+    if not Path(path).is_file():
+        raise SystemExit(f"there is no gradebook {path} to read manual points from")
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         if not {"student", "lesson", "manual"} <= set(reader.fieldnames or ()):

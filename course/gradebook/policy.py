@@ -19,7 +19,11 @@ DAY = dt.timedelta(days=1)
 def read_points(path):
     """{exercise id: points} of an instructor's points file (columns `exercise` and `points`)."""
     points = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    try:
+        f = open(path, newline="", encoding="utf-8-sig")
+    except OSError as err:
+        raise SystemExit(f"cannot read the points file {path}: {err.strerror or err}") from None
+    with f:
         reader = csv.DictReader(f)
         if not {"exercise", "points"} <= set(reader.fieldnames or ()):
             raise SystemExit(f"{path}: a points file has the columns exercise,points (one row per exercise); "
@@ -52,9 +56,12 @@ MOODLE_TIME = "%A, %d %B %Y, %I:%M %p"   # "Friday, 27 November 2026, 5:00 PM", 
 
 def parse_time(text, where="a time"):
     """An aware datetime from ISO 8601 ("2026-12-01T17:00", "2026-12-01 17:00+01:00", "...Z") or
-    Moodle's written form. A time without a zone is in this machine's local zone."""
+    Moodle's written form. A time without a zone is in this machine's local zone; a date alone is the
+    end of that day (due on 2026-12-01: until 23:59:59 that day)."""
     text = str(text).strip()
     try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            text += "T23:59:59"
         when = dt.datetime.fromisoformat(re.sub(r"Z$", "+00:00", text))
     except ValueError:
         try:

@@ -25,8 +25,13 @@ def write_all(files, rows, lessons, students, titles, flags_pairs, feedback=True
     totals = _totals(rows, lessons, students)
     _write_csv(files["students"], ["student", "name", "section"] + [l for l, _ in lessons] + ["total", "max_total"],
                totals)
-    _canvas(files["canvas"], totals, lessons, titles, rows)
-    _moodle(files["moodle"], totals, lessons, titles)
+    # An LMS imports only the students it knows: those not on the roster stay in grades.csv alone.
+    enrolled = [line for line in totals if line["_student"].on_roster]
+    if len(enrolled) < len(totals):
+        strays = [line["student"] for line in totals if not line["_student"].on_roster]
+        print(f"left out of the Canvas and Moodle files, not being on the roster: {', '.join(strays)}")
+    _canvas(files["canvas"], enrolled, lessons, titles, rows)
+    _moodle(files["moodle"], enrolled, lessons, titles)
     _write_csv(files["copies"], ["lesson", "student", "like", "similarity"],
                [dict(zip(["lesson", "student", "like", "similarity"], pair)) for pair in flags_pairs])
     if feedback:

@@ -147,17 +147,20 @@ def _fake_exercises():
     course.exercises = module
 
 
-def _run_code(statements):
+def _run_code(statements, quiet=()):
     """Run the learner's statements one by one in a fresh namespace; a statement that fails is
-    noted and the rest still run."""
+    noted (unless it is one of the lesson's own, `quiet`) and the rest still run."""
     space = {"__name__": "__main__", "__builtins__": builtins}
     notes = []
+    quiet = set(quiet)
     for k, source in enumerate(statements):
         try:
             exec(compile(source, f"<notebook {k}>", "exec"), space)
         except BaseException as err:  # noqa: BLE001 - the learner's code: note it and go on
             if isinstance(err, KeyboardInterrupt):
                 raise
+            if k in quiet:
+                continue
             first = source.strip().splitlines()[0][:80] if source.strip() else ""
             notes.append(f"`{first}` could not run here: {type(err).__name__}: {str(err)[:200]}")
     return space, notes
@@ -171,7 +174,7 @@ def _answer(exercise):
         wire.send(write_fd, {"op": "unsafe", "why": "; ".join(problems)})
         return
     _fake_exercises()
-    space, notes = _run_code(exercise["code"])
+    space, notes = _run_code(exercise["code"], exercise.get("quiet", ()))
     name = exercise["name"]
     if name not in space:
         wire.send(write_fd, {"op": "missing", "notes": notes})

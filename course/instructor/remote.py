@@ -92,7 +92,18 @@ def _definition(node):
 def answer_code(cells, exercise_cell):
     """The statements the answerer runs for one exercise: the definitions of every code cell, in
     order, and the exercise's own cell whole (its `check(...)` does nothing there)."""
-    statements = []
+    return [statement for statement, _ in _statements(cells, exercise_cell)]
+
+
+def handed_out_statements(cells, exercise_cell, handed):
+    """The positions in answer_code's list of the statements that come from cells as the lesson
+    handed them out (`handed`: those cells' sources): one of them failing is the lesson's doing
+    (a line that needs a variable a plot made), not something to tell the learner."""
+    handed = {source.strip() for source in handed}
+    return [k for k, (_, n) in enumerate(_statements(cells, exercise_cell)) if cells[n].strip() in handed]
+
+
+def _statements(cells, exercise_cell):
     for n, source in enumerate(cells):
         source = _blank_magics(source)
         try:
@@ -100,10 +111,9 @@ def answer_code(cells, exercise_cell):
         except SyntaxError:
             continue
         if n == exercise_cell:
-            statements.append(source)
+            yield source, n
             continue
-        statements += [ast.unparse(node) for node in tree.body if _definition(node)]
-    return statements
+        yield from ((ast.unparse(node), n) for node in tree.body if _definition(node))
 
 
 def preload(cells, part, sources):
@@ -211,9 +221,10 @@ def grade_across(job, exercises, *, sources, sandbox_command, env, work, time_li
         to_checker, from_answerer = os.pipe()
         answerer_fds += [to_answerer, from_answerer]
         code = answer_code(cells, job["exercise_cells"][exercise_id])
+        quiet = handed_out_statements(cells, job["exercise_cells"][exercise_id], job.get("handed", ()))
         kernel = exercise_id in job.get("kernels", ())
         answering.append({"id": exercise_id, "name": name, "strip": list(strip), "seconds": seconds,
-                          "code": code, "kernel": kernel, "fds": [to_answerer, from_answerer]})
+                          "code": code, "quiet": quiet, "kernel": kernel, "fds": [to_answerer, from_answerer]})
         checking.append({"id": exercise_id, "name": name, "seconds": seconds, "code": code,
                          "fds": [to_checker, from_checker]})
     links = {} if sandbox_command else _data_links()
