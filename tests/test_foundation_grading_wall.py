@@ -238,6 +238,10 @@ def test_the_definitions_that_answer_an_exercise():
     assert code[:4] == ["import numpy as np", "TPB = 16", "f = lambda t: t * 2", "def helper(a):\n    return a + 1"]
     assert code[4] == cells[2] and len(code) == 5
     assert not any("train(" in c or "print(" in c for c in code)
+    # A line of the lesson's own that fails when answering (it needs what a plot made) is not the
+    # learner's to hear about; a line of their own is.
+    assert remote.handed_out_statements(cells, 2, handed=[cells[0]]) == [0, 1, 2]
+    assert remote.handed_out_statements(cells, 2, handed=[]) == []
 
 
 # ---- the sandbox and the mode without one ----
