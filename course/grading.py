@@ -1264,7 +1264,7 @@ def grade(paths, out, time_limit=300, lesson=None, sandbox=True, jobs=1, memory=
                 rows.append(row)
                 print(f"[{done_count}/{len(paths)}] {row['notebook']}: {row['status']}, {row['passed']}/{row['total']} "
                       f"passed ({how})", flush=True)
-    _summary(rows, ids, out if out is not None else records)
+    _summary(rows, ids, out)
     return rows
 
 
@@ -1350,4 +1350,5 @@ def _summary(rows, ids, out):
     for i in ids:
         scored = [r[i] == "passed" for r in rows if i in r]
         print(f"  {i}: {sum(scored) / len(scored):.2f} passed on average ({sum(scored)} of {len(scored)})")
-    print(f"wrote {out}")
+    if out is not None:
+        print(f"wrote {out}")

@@ -101,12 +101,26 @@ def install_source(repo=None, ref=_repo.BRANCH):
     return INSTALL_CELL.format(git_url=_repo.git_url(repo, ref))
 
 
-_INSTALL_FROM = re.compile(r'(os\.environ\.get\("COURSE_SOURCE"\) or )"[^"\n]*"')
+_INSTALL_FROM = re.compile(r'"git\+https://[^"\n]*"')
+# The install cell lessons had before this one (it installed on Colab only): a notebook downloaded
+# then is still handed in with it.
+FORMER_INSTALL_CELL = """\
+# On Colab, install the course package (elsewhere this cell does nothing).
+import os
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    url = ""
+    # On a GPU runtime, the `gpu` extra also brings the CUDA libraries numba needs to compile kernels.
+    package = f"course[gpu] @ {url}" if os.path.exists("/dev/nvidia0") else url
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", package])"""
 
 
 def is_install_cell(source):
-    """Whether `source` is the install cell, from whichever repository and commit it installs."""
-    return _INSTALL_FROM.sub(r'\1""', source) == _INSTALL_FROM.sub(r'\1""', install_source())
+    """Whether `source` is the install cell (this one or the one before it), from whichever
+    repository and commit it installs."""
+    return _INSTALL_FROM.sub('""', source.strip()) in (_INSTALL_FROM.sub('""', install_source()), FORMER_INSTALL_CELL)
 
 
 def badge(relpath, repo=None, branch=_repo.BRANCH):

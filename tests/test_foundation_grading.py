@@ -328,3 +328,15 @@ def test_a_module_handed_to_other_code_is_flagged_whatever_the_grader_has_import
             "print(grading.review_notes(nb, nbformat.v4.new_notebook()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
     assert "hands the module tensor to other code" in out and "hands the module linalg to other code" in out, out
+
+
+def test_the_install_cell_of_any_commit_or_of_the_course_before_needs_no_second_look():
+    lesson = _lesson_nb()
+    for first in (notebooks.install_source(ref="0" * 40), notebooks.install_source(repo="someone/fork"),
+                  notebooks.FORMER_INSTALL_CELL.replace('url = ""', 'url = "git+https://github.com/x/y"')):
+        nb = _lesson_nb()
+        next(c for c in nb.cells if c.cell_type == "code").source = first
+        assert grading.review_notes(nb, lesson) == [], first
+    nb = _lesson_nb()
+    next(c for c in nb.cells if c.cell_type == "code").source = "import os\nos.environ['X'] = '1'"
+    assert grading.review_notes(nb, lesson)  # anything else in its place is looked at

@@ -88,6 +88,7 @@ def grade_class(paths, out="grades.csv", shard=None, roster=None, points=None, l
         grading.grade(paths, None, feedback=False, records=partial, **grading_options)
     partial.replace(files["records"])
     records = load_records([files["records"]])
+    print(f"wrote {files['records']}")
     if shard is not None:
         return records, None
     return records, build(records, out, roster=roster, points=points, late=late, manual=manual,
