@@ -86,7 +86,10 @@ def test_the_full_answer_comes_only_after_repeated_failures():
     from course.exercises._core import ANSWER_AFTER
 
     check("0.9.3", lambda x: x * x)  # a pass starts the count again
-    messages = [check("0.9.3", lambda x: 2 * x).message for _ in range(ANSWER_AFTER)]
+    same = [check("0.9.3", lambda x: 2 * x).message for _ in range(ANSWER_AFTER + 1)]
+    assert not any("x * x" in m for m in same)  # the same wrong code run again is no new try
+    tries = [lambda x: 4 * x, lambda x: x + x + 1, lambda x: x ** 3][:ANSWER_AFTER - 1]
+    messages = same[:1] + [check("0.9.3", wrong).message for wrong in tries]
     for early in messages[:-1]:
         assert "Hint: think about squares." in early and "x * x" not in early
     assert "In full: return x * x" in messages[-1]

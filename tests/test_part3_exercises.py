@@ -93,6 +93,18 @@ def reduce_shape(shape, axis=None, keepdims=False):
 
 # ---- wrong answers, each with what its failure message should say -------------------------------
 
+def reversed_breadth_first(fetch):  # right on a diamond, wrong where a node's input is reached late
+    order, seen, queue = [], {fetch}, [fetch]
+    while queue:
+        node = queue.pop(0)
+        order.append(node)
+        for i in node.inputs:
+            if i not in seen:
+                seen.add(i)
+                queue.append(i)
+    return order[::-1]
+
+
 def order_by_name(fetch):  # names instead of nodes
     return [n.name for n in evaluation_order(fetch)]
 
@@ -148,6 +160,7 @@ def reduce_shape_positive_axes_only(shape, axis=None, keepdims=False):
 
 CASES = [
     ("3.1.1", evaluation_order, order_by_name, "expected the nodes themselves"),
+    ("3.1.1", evaluation_order, reversed_breadth_first, "'b' comes before its input 'a'"),
     ("3.1.2", logistic_regression_graph, logistic_in_its_own_graph, "not in the default graph"),
     ("3.1.3", feed_fits, fits_ignoring_rank, "actual=(2,)"),
     ("3.2.1", softmax_backward, softmax_backward_diagonal, "softmax output of shape"),

@@ -66,6 +66,7 @@ class _Exercise:
     inside: bool = False
     kernel: bool = False
     failures: int = field(default=0)
+    last_tried: object = None     # what the last failed answer's code was: running it again is no new try
 
 
 def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=False, kernel=False):
@@ -73,7 +74,7 @@ def exercise(exercise_id, hint="", answer_hint="", forbid=(), task="", inside=Fa
 
     `rng` is a NumPy generator seeded from the id, so random inputs are the same every run.
     `hint` is a nudge printed with every failure; `answer_hint`, the full formula, is added from the
-    ANSWER_AFTER-th failure of the same exercise on. `forbid` names the library functions, classes
+    ANSWER_AFTER-th failed answer of the same exercise on (the same code run again is not another). `forbid` names the library functions, classes
     or methods that the exercise asks the learner to write ("course.optim.warmup_cosine",
     "course.tensor.Tensor.backward"): while the check runs they are `unavailable`, and `task` says
     what to do instead ("compute the gradient by hand"). `inside=True`: the check observes the
@@ -397,8 +398,25 @@ def _could_not_use(err):
             f"return what the exercise asks for")
 
 
-def _failed(exercise_id, entry, text, reveal=True):
-    entry.failures += reveal
+def _tried(candidate):
+    """What a learner's answer is, as code: the same function run again (the cell re-run unchanged)
+    gives the same key, whatever file name the notebook gives each run."""
+    fn = inspect.unwrap(candidate)
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "py_func", None), "__code__", None)
+    if code is None:
+        return id(candidate)
+
+    def key(c):
+        return (c.co_code, c.co_names, c.co_varnames,
+                tuple(key(k) if isinstance(k, types.CodeType) else repr(k) for k in c.co_consts))
+    return key(code)
+
+
+def _failed(exercise_id, entry, text, reveal=True, candidate=None):
+    if reveal:
+        tried = _tried(candidate)
+        entry.failures += tried != entry.last_tried  # only a changed answer counts as another try
+        entry.last_tried = tried
     hint = entry.hint
     if reveal and entry.answer_hint and (entry.failures >= ANSWER_AFTER or not hint):
         hint = f"{hint.rstrip('.')}. In full: {entry.answer_hint}" if hint else entry.answer_hint
@@ -480,12 +498,13 @@ def run(exercise_id, candidate, gate=True, fresh=None):
     except (_NotAttempted, NotImplementedError):
         result = CheckResult(exercise_id, "not attempted", not_attempted(exercise_id))
     except CheckFailed as failure:
-        result = _failed(exercise_id, entry_, str(failure), reveal=gate)
+        result = _failed(exercise_id, entry_, str(failure), reveal=gate, candidate=candidate)
     except Exception as err:  # the check tripped over what the learner's function returned
         if os.environ.get(DEBUG_ENV):
             raise
-        result = _failed(exercise_id, entry_, _could_not_use(err), reveal=gate)
+        result = _failed(exercise_id, entry_, _could_not_use(err), reveal=gate, candidate=candidate)
     else:
-        entry_.failures = 0 if gate else entry_.failures
+        if gate:
+            entry_.failures, entry_.last_tried = 0, None
         result = CheckResult(exercise_id, "passed", f"[{exercise_id}] passed.")
     return result

@@ -36,8 +36,12 @@ def _(candidate, rng):
     import course.minitf as tf
 
     g, x, d = _graph_with_waste()
-    for fetch in [d, g.get("b"), x, g.get("c")]:
-        on = f"the fetch '{fetch.name}' of a graph with a diamond and an unused node"
+    with tf.Graph().as_default():  # c reads a, then b = tanh(a): a breadth-first order, reversed, puts b first
+        a = tf.exp(tf.placeholder((None, 3), name="x"), name="a")
+        chain = tf.multiply(a, tf.tanh(a, name="b"), name="c")
+    for fetch, graph in [(d, "a graph with a diamond and an unused node"), (g.get("b"), None), (x, None),
+                         (g.get("c"), None), (chain, "c = a * tanh(a), a = exp(x)")]:
+        on = f"the fetch '{fetch.name}' of {graph or 'a graph with a diamond and an unused node'}"
         got = call(candidate, fetch, on=on)
         try:
             got = list(got)

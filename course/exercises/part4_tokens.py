@@ -151,7 +151,8 @@ def _(candidate, rng):
     merges = dict(tok.ranks)
     texts = ["the cat", "", "aaaaa", "that", "hé 🙂", "the mat sat on the hat",
              _random_text(rng, "theca s", 30)]
-    cases = [(text, merges, f"text={text!r} with the {len(merges)} merges of the cell") for text in texts]
+    cases = [(text, merges, f"text={text!r} with the {len(merges)} merges that BPETokenizer.train learns from "
+                            f"{training[:24]!r} x 3 (vocabulary 300)") for text in texts]
     # The pair learned first is not the most frequent one here: bc occurs twice, ab once.
     small = {(97, 98): 256, (98, 99): 257}
     cases += [(text, small, f"text={text!r} with merges {{(97, 98): 256, (98, 99): 257}} (ab learned first)")

@@ -278,7 +278,7 @@ def _(candidate, rng):
         A = -rng.uniform(0.5, 4, size=(d_in, n))
         B_t, C_t = rng.normal(size=(b, n)), rng.normal(size=(b, n))
         D = rng.normal(size=d_in)
-        on = f"random x {x.shape}, u_t {u_t.shape}, A {A.shape}, B_t {B_t.shape}"
+        on = f"a random state h {x.shape}, u_t {u_t.shape}, A {A.shape}, B_t {B_t.shape}"
         got = _pair(call(candidate, x.copy(), u_t.copy(), delta_t.copy(), A.copy(), B_t.copy(), C_t.copy(),
                           D.copy(), on=on), on, "(h_new, y_t)")
         x_new, y = _ref_step(x, u_t, delta_t, A, B_t, C_t, D)
