@@ -115,6 +115,18 @@ def head_unscaled(x, w_q, w_k, w_v):
     return masked_softmax(q @ k.T, causal_mask(len(x))) @ v
 
 
+def head_unmasked(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    return masked_softmax(q @ k.T / np.sqrt(q.shape[-1]), np.zeros((len(x), len(x)), dtype=bool)) @ v
+
+
+def head_softmax_down_columns(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    scores = np.where(causal_mask(len(x)), -np.inf, q @ k.T / np.sqrt(q.shape[-1]))
+    e = np.exp(scores - scores.max(axis=0))
+    return (e / e.sum(axis=0)) @ v
+
+
 def split_heads_reshape_only(x, n_head):
     B, T, C = x.shape
     return x.reshape(B, n_head, T, C // n_head)
@@ -127,7 +139,7 @@ CASES = [
     ("4.1.4", bpe_encode, bpe_encode_any_order, "text="),
     ("4.2.1", causal_mask, mask_allowed, "T="),
     ("4.2.2", masked_softmax, softmax_unstable, "large scores"),
-    ("4.2.3", attention_head, head_unscaled, "random x"),
+    ("4.2.3", attention_head, head_unscaled, "not divided by sqrt(d)"),
     ("4.2.4", split_heads, split_heads_reshape_only, "n_head="),
 ]
 
@@ -249,6 +261,8 @@ def masked_softmax_by_the_visible_max(scores, mask):  # right: the max of what e
 
 KNOWN_WRONG = {exercise_id: [(wrong, [names])] for exercise_id, _, wrong, names in CASES}
 for exercise_id, wrong, words in [
+    ("4.2.3", head_unmasked, ["mixes in the values of later positions", "hide the future"]),
+    ("4.2.3", head_softmax_down_columns, ["down each column", "over the keys"]),
     ("4.2.2", masked_softmax_global_max, ["different scales", "each row's own max"]),
     ("4.2.2", masked_softmax_max_before_masking, ["large score masked", "should not set the max"]),
     ("4.2.2", masked_softmax_zero_not_minus_inf, ["zeros (3, 3), causal mask", "expected result"]),

@@ -248,7 +248,32 @@ def _(candidate, rng):
         got = call(candidate, x, w_q, w_k, w_v, on=on)
         expect(not isinstance(got, tuple), f"you returned a tuple of {len(got) if isinstance(got, tuple) else 0} "
                                            f"items on {on}: return only the output (T, d), not (output, weights)")
+        _diagnose_head(got, x, w_q, w_k, w_v, on)
         expect_close(got, _ref_head(x, w_q, w_k, w_v), on=on, rtol=1e-6, atol=1e-9, what="output")
+
+
+def _diagnose_head(got, x, w_q, w_k, w_v, on):
+    """The classic mistakes of a causal head, named (each gives an output of the right shape)."""
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    T, d = q.shape
+    if T == 1 or not isinstance(got, np.ndarray) or got.shape != (T, d):
+        return
+    scores, mask = q @ k.T / np.sqrt(d), _ref_mask(T)
+    mistakes = [(_ref_softmax(scores, np.zeros_like(mask)) @ v,
+                 "position 0 of your output mixes in the values of later positions: hide the future (the scores "
+                 "above the diagonal) before the softmax"),
+                (_ref_softmax(q @ k.T, mask) @ v, f"your scores are not divided by sqrt(d) = sqrt({d})"),
+                (_column_softmax(np.where(mask, -np.inf, scores)) @ v,
+                 "your weights sum to 1 down each column: the softmax goes over the keys, along each row")]
+    for wrong, said in mistakes:
+        if np.allclose(got, wrong, rtol=1e-6, atol=1e-9) \
+                and not np.allclose(wrong, _ref_head(x, w_q, w_k, w_v), rtol=1e-6, atol=1e-9):
+            raise CheckFailed(f"{said}, on {on}")
+
+
+def _column_softmax(scores):
+    e = np.exp(scores - scores.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
 
 
 @exercise("4.2.4", hint="first split the last axis into n_head pieces, then move the head axis in front of "
