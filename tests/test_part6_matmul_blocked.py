@@ -223,3 +223,26 @@ def test_the_simulator_and_the_tracer_take_an_alignment_they_can_ignore(rng):
     report = K.trace(aligned, 1, 4, x, out)
     assert not report.races
     np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_every_thread_of_a_block_gets_the_same_shared_array_however_threads_switch():
+    """The simulator's threads are Python threads: with a switch between any two bytecodes, two of
+    them used to reach a shared array's first allocation together and make one each, and the block
+    no longer shared it."""
+    @cuda.jit
+    def reverse(x, out):
+        tile = cuda.shared.array(32, np.float32)
+        i = cuda.threadIdx.x
+        tile[i] = x[i]
+        cuda.syncthreads()
+        out[i] = tile[31 - i]
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(30):
+            x, out = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+            reverse[1, 32](x, out)
+            assert np.array_equal(out, x[::-1])
+    finally:
+        sys.setswitchinterval(before)

@@ -173,10 +173,14 @@ def _simulator_takes_alignment():
             return shared(self, shape, dtype)
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
-        if where not in self._allocations:
+        found = self._allocations.get(where)
+        if found is None:
+            # The block's threads are Python threads that may all arrive here first: setdefault
+            # (one step under the GIL) gives every one of them the array the first one made. A test
+            # and a set would let two threads each make one, and the block would not share it.
             numpy_dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
-            self._allocations[where] = np.empty(shape, numpy_dtype)
-        return self._allocations[where]
+            found = self._allocations.setdefault(where, np.empty(shape, numpy_dtype))
+        return found
 
     def local_array(self, shape, dtype, alignment=None):
         check_alignment(alignment)
