@@ -45,7 +45,8 @@ Besides grades.csv it writes grades-students.csv, grades-canvas.csv, grades-mood
 grades-feedback/ and grades-results.jsonl (what `python -m course gradebook` rebuilds them from).
 It exits with status 1 when an input could not be graded (a folder, a missing file, not a notebook).""")
     p.add_argument("notebooks", nargs="*", help="the notebooks; after `--`, names that begin with - too")
-    p.add_argument("--out", default="grades.csv")
+    p.add_argument("--out", default="grades.csv", help="the gradebook (default grades.csv); its other files are "
+                                                      "named after it: grades-students.csv, ...")
     p.add_argument("--time-limit", type=float, default=300, help="seconds per notebook (default 300)")
     p.add_argument("--lesson", help="the handed-out lesson notebook they all answer (by default, "
                                     "the course's lesson with the submission's file name)")
@@ -67,7 +68,8 @@ It exits with status 1 when an input could not be graded (a folder, a missing fi
   python -m course gradebook --points points.csv grades-results.jsonl        the same grading, new points
   python -m course gradebook --manual grades.csv grades-results.jsonl        add the manual points filled in""")
     p.add_argument("records", nargs="+", help="the -results.jsonl files that grading wrote")
-    p.add_argument("--out", default="grades.csv")
+    p.add_argument("--out", default="grades.csv", help="the gradebook (default grades.csv); its other files are "
+                                                      "named after it: grades-students.csv, ...")
     _class_options(p)
 
     sub.add_parser("doctor", help="what this machine has for the course")
@@ -163,11 +165,13 @@ def _class_options(p):
     p.add_argument("--roster", help="CSV of the students (id, name, section, email, lms_id, submitted): "
                                     "names each row and matches LMS download names")
     p.add_argument("--points", help="CSV exercise,points (default: 1 point each)")
-    p.add_argument("--deadline", help="when the work was due: 2026-12-01T17:00 (local time) or with a zone, +01:00")
+    p.add_argument("--deadline", help="when the work was due: 2026-12-01T17:00 (local time), with a zone "
+                                      "(2026-12-01T17:00+01:00), or a date alone (the end of that day)")
     p.add_argument("--late-penalty", type=float, default=0,
                    help="percent of the points taken off per day late, any part of a day counting (default 0)")
     p.add_argument("--grace", type=float, default=0, help="minutes after the deadline still on time (default 0)")
-    p.add_argument("--manual", help="a gradebook CSV whose manual and comment columns you filled in: kept")
+    p.add_argument("--manual", help="a gradebook CSV to take the manual points and comments from (by default "
+                                    "the --out gradebook's own, when it exists)")
     p.add_argument("--similarity", type=float, default=None,
                    help="how alike two answers must be to be flagged for review, 0 to 1 (default 0.8)")
     p.add_argument("--feedback", default=None, help="folder for the feedback pages (default: beside the CSV, "
