@@ -111,7 +111,7 @@ their changes, when it is there already) and the lesson opened.""")
         from .grading import UNGRADED
 
         options = _read_class_options(args, argv)
-        said = options.pop("said")
+        said, kept = options.pop("said"), options.pop("kept")
         if args.command == "grade":
             from .gradebook import grade_class, parse_shard
 
@@ -131,6 +131,8 @@ their changes, when it is there already) and the lesson opened.""")
 
             records = load_records(args.records)
             rows = build(records, args.out, **options)
+        if kept and rows is not None:
+            print(kept)
         ungraded = [r["notebook"] for r in records if r.get("ungraded")]
         if ungraded:  # a mistyped pattern must not look like a class of zeros graded with success
             raise SystemExit(f"{len(ungraded)} of {len(records)} inputs could not be graded (see their status in "
@@ -186,15 +188,16 @@ def _read_class_options(args, argv):
     from .gradebook import LatePolicy, copies, parse_time, read_manual, read_points, read_roster
 
     manual = read_manual(args.manual) if args.manual else None
+    kept = None
     if manual is None and os.path.isfile(args.out):
         try:  # what the instructor typed into the gradebook is never lost to a new run
             manual = read_manual(args.out)
         except SystemExit:
             manual = None
-        if manual:
-            print(f"keeping the manual points and comments of {len(manual)} row{'s' if len(manual) > 1 else ''} "
-                  f"of {args.out} (--manual names another file to take them from)")
-    names = ("--roster", "--points", "--deadline", "--late-penalty", "--grace", "--similarity")
+        if manual:  # said once the gradebook that keeps them is written
+            kept = (f"kept the manual points and comments of {len(manual)} row{'s' if len(manual) > 1 else ''} "
+                    f"of {args.out} (--manual names another file to take them from)")
+    names = ("--roster", "--points", "--deadline", "--late-penalty", "--grace", "--similarity", "--manual")
     said = [a for n, a in enumerate(argv) if a.split("=")[0] in names or (n and argv[n - 1] in names)]
 
     if args.late_penalty < 0 or args.grace < 0:
@@ -208,7 +211,7 @@ def _read_class_options(args, argv):
             "late": LatePolicy(parse_time(args.deadline, "--deadline") if args.deadline else None, args.late_penalty,
                                datetime.timedelta(minutes=args.grace)),
             "manual": manual, "threshold": copies.THRESHOLD if args.similarity is None else args.similarity,
-            "feedback": False if args.no_feedback else (args.feedback or True), "said": said}
+            "feedback": False if args.no_feedback else (args.feedback or True), "said": said, "kept": kept}
 
 
 def _split_files(argv):

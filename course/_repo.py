@@ -5,6 +5,7 @@ the README's badges and every notebook's badge and install cell for a fork; the 
 the JupyterHub links (`python -m course hub-links`) are made from it too.
 """
 
+import re
 from urllib.parse import urlencode
 
 REPO = "dl-from-scratch/course"
@@ -33,6 +34,9 @@ def hub_link(hub, notebook_path, repo=None, branch=BRANCH, app="lab"):
     """A JupyterHub link that clones (or updates) the repository in the user's home with nbgitpuller,
     then opens `notebook_path` in it: nbgitpuller clones into a folder named like the repository's
     last path segment, and its `urlpath` must include that folder."""
+    if repo and "://" not in repo and not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
+        raise SystemExit(f"--repo takes an https:// address or owner/name on GitHub, not {repo!r}: nbgitpuller "
+                         f"clones over https, with no key of the student's")
     url = repo_url(repo) if "://" not in (repo or "") else repo
     folder = url.rstrip("/").split("/")[-1]
     folder = folder[:-4] if folder.endswith(".git") else folder

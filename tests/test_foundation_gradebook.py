@@ -233,6 +233,12 @@ def test_three_shards_merge_into_the_one_shot_gradebook(graded):
     assert _rows(root / "merged.csv") == _rows(root / "grades.csv")
     for name in ("students", "canvas", "moodle", "copies"):
         assert (root / f"merged-{name}.csv").read_text() == (root / f"grades-{name}.csv").read_text(), name
+    # One student graded again into the class's gradebook: the others' records stay, and so do their rows.
+    before = _rows(root / "grades.csv")
+    _grade(root, "grade", "--time-limit", "120", *OPTIONS, *([] if SANDBOXED else ["--no-sandbox"]),
+           "--", "submissions/s06/1.1-derivatives.ipynb")
+    assert _rows(root / "grades.csv") == before
+    assert len((root / "grades-results.jsonl").read_text().splitlines()) == 30
 
 
 # ---- the parts, each on its own ----
@@ -260,6 +266,17 @@ def test_canvas_and_moodle_exports_are_read_as_rosters(tmp_path, capsys):
     typo.write_text("id,nmae\ns01,Jane\n")
     roster.read_roster(typo)
     assert "not using the column nmae" in capsys.readouterr().out
+
+
+def test_a_roster_saved_by_excel_as_latin_1_is_read(tmp_path, capsys):
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("id,name\nada,Ren\u00e9e Dupr\u00e9\n".encode("cp1252"))
+    assert roster.read_roster(latin)[0].name == "Ren\u00e9e Dupr\u00e9"
+    assert "read as Windows Latin-1" in capsys.readouterr().out
+
+
+def test_manual_points_never_take_a_score_below_zero():
+    assert policy.score(0, -2, 1.0) == 0 and policy.score(3, -1, 0.5) == 1.0
 
 
 def test_a_mistyped_pattern_or_missing_file_writes_nothing_and_says_why(tmp_path, monkeypatch):
@@ -298,8 +315,9 @@ def test_late_days_count_any_part_of_a_day_after_the_grace():
     assert policy.parse_time("2026-11-01T17:00Z") == DEADLINE
     due = policy.parse_time("2026-11-01")  # a date alone: the end of that day
     assert (due.day, due.hour, due.minute) == (1, 23, 59)
-    with pytest.raises(SystemExit, match="'next friday' is not a time"):
-        policy.parse_time("next friday", "--deadline")
+    for typed in ("next friday", "2026-13-01"):  # said as typed
+        with pytest.raises(SystemExit, match=f"'{typed}' is not a time"):
+            policy.parse_time(typed, "--deadline")
 
 
 def test_a_points_file_names_its_problems(tmp_path):
@@ -371,6 +389,8 @@ def test_hub_links_follow_nbgitpuller(capsys):
     assert parse_qs(urlparse(handout).query)["urlpath"] == [f"lab/tree/handout/1-micrograd/{LESSON}.ipynb"]
     with pytest.raises(SystemExit, match="no part or lesson 9.9"):
         main(["hub-links", "https://hub.example.edu", "9.9"])
+    with pytest.raises(SystemExit, match="--repo takes an https:// address or owner/name"):
+        main(["hub-links", "https://hub.example.edu", "1", "--repo", "git@github.com:me/handout.git"])
 
 
 def test_binder_files_are_the_ones_repo2docker_reads_and_keep_in_step():

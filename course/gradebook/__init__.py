@@ -19,7 +19,6 @@ A class too large for one machine is graded in shards (`--shard K/N`, each a det
 and `python -m course gradebook` builds the one gradebook from all the shards' records.
 """
 
-import csv
 import datetime as dt
 import hashlib
 import json
@@ -86,6 +85,15 @@ def grade_class(paths, out="grades.csv", shard=None, roster=None, points=None, l
     partial.write_text("")
     if paths:
         grading.grade(paths, None, feedback=False, records=partial, **grading_options)
+    if files["records"].is_file():  # a second run (a late file, one student again): the others stay
+        graded = {json.loads(line)["path"] for line in partial.read_text().splitlines() if line.strip()}
+        kept = [line for line in files["records"].read_text().splitlines()
+                if line.strip() and json.loads(line).get("path") not in graded]
+        if kept:
+            with open(partial, "a", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in kept)
+            print(f"kept the records of {len(kept)} submission{'s' if len(kept) > 1 else ''} graded before in "
+                  f"{files['records']} (remove it to grade the class afresh)")
     partial.replace(files["records"])
     records = load_records([files["records"]])
     print(f"wrote {files['records']}")
@@ -99,6 +107,8 @@ def load_records(files):
     """Every submission's record from the records files, in a fixed order (by path): shards merged."""
     records = []
     for name in files:
+        if Path(name).is_dir():
+            raise SystemExit(f"{name} is a folder: give the records files in it ({name}/*-results.jsonl)")
         if not Path(name).is_file():
             raise SystemExit(f"there is no records file {name} (grading writes them as <out>-results.jsonl)")
         with open(name, encoding="utf-8") as f:
@@ -120,22 +130,23 @@ def load_records(files):
 
 def read_manual(path):
     """{(student, lesson): (manual points, comment)} from a gradebook the instructor filled in."""
+    from .files import read_csv
+
     found = {}
     if not Path(path).is_file():
         raise SystemExit(f"there is no gradebook {path} to read manual points from")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not {"student", "lesson", "manual"} <= set(reader.fieldnames or ()):
-            raise SystemExit(f"{path}: manual points are read from a gradebook CSV (columns student, lesson, "
-                             f"manual, comment), as grading wrote it")
-        for n, row in enumerate(reader, 2):
-            text = (row.get("manual") or "").strip()
-            try:
-                value = float(text) if text else 0.0
-            except ValueError:
-                raise SystemExit(f"{path}, line {n}: manual points must be a number, not {text!r}") from None
-            if value or (row.get("comment") or "").strip():
-                found[(row["student"], row["lesson"])] = (value, (row.get("comment") or "").strip())
+    reader = read_csv(path, "gradebook")
+    if not {"student", "lesson", "manual"} <= set(reader.fieldnames or ()):
+        raise SystemExit(f"{path}: manual points are read from a gradebook CSV (columns student, lesson, "
+                         f"manual, comment), as grading wrote it")
+    for n, row in enumerate(reader, 2):
+        text = (row.get("manual") or "").strip()
+        try:
+            value = float(text) if text else 0.0
+        except ValueError:
+            raise SystemExit(f"{path}, line {n}: manual points must be a number, not {text!r}") from None
+        if value or (row.get("comment") or "").strip():
+            found[(row["student"], row["lesson"])] = (value, (row.get("comment") or "").strip())
     return found
 
 

@@ -18,28 +18,25 @@ DAY = dt.timedelta(days=1)
 
 def read_points(path):
     """{exercise id: points} of an instructor's points file (columns `exercise` and `points`)."""
+    from .files import read_csv
+
     points = {}
-    try:
-        f = open(path, newline="", encoding="utf-8-sig")
-    except OSError as err:
-        raise SystemExit(f"cannot read the points file {path}: {err.strerror or err}") from None
-    with f:
-        reader = csv.DictReader(f)
-        if not {"exercise", "points"} <= set(reader.fieldnames or ()):
-            raise SystemExit(f"{path}: a points file has the columns exercise,points (one row per exercise); "
-                             f"its columns are {', '.join(reader.fieldnames or ())}")
-        for n, row in enumerate(reader, 2):
-            exercise = (row["exercise"] or "").strip()
-            if not exercise:
-                continue
-            try:
-                value = float(row["points"])
-            except (TypeError, ValueError):
-                raise SystemExit(f"{path}, line {n}: the points of {exercise} must be a number, "
-                                 f"not {row['points']!r}") from None
-            if not math.isfinite(value) or value < 0:
-                raise SystemExit(f"{path}, line {n}: the points of {exercise} must be 0 or more, not {row['points']}")
-            points[exercise] = value
+    reader = read_csv(path, "points file")
+    if not {"exercise", "points"} <= set(reader.fieldnames or ()):
+        raise SystemExit(f"{path}: a points file has the columns exercise,points (one row per exercise); "
+                         f"its columns are {', '.join(reader.fieldnames or ())}")
+    for n, row in enumerate(reader, 2):
+        exercise = (row["exercise"] or "").strip()
+        if not exercise:
+            continue
+        try:
+            value = float(row["points"])
+        except (TypeError, ValueError):
+            raise SystemExit(f"{path}, line {n}: the points of {exercise} must be a number, "
+                             f"not {row['points']!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise SystemExit(f"{path}, line {n}: the points of {exercise} must be 0 or more, not {row['points']}")
+        points[exercise] = value
     return points
 
 
@@ -58,7 +55,7 @@ def parse_time(text, where="a time"):
     """An aware datetime from ISO 8601 ("2026-12-01T17:00", "2026-12-01 17:00+01:00", "...Z") or
     Moodle's written form. A time without a zone is in this machine's local zone; a date alone is the
     end of that day (due on 2026-12-01: until 23:59:59 that day)."""
-    text = str(text).strip()
+    given = text = str(text).strip()
     try:
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
             text += "T23:59:59"
@@ -67,7 +64,7 @@ def parse_time(text, where="a time"):
         try:
             when = dt.datetime.strptime(text, MOODLE_TIME)
         except ValueError:
-            raise SystemExit(f"{where}: {text!r} is not a time; write it as 2026-12-01T17:00 "
+            raise SystemExit(f"{where}: {given!r} is not a time; write it as 2026-12-01T17:00 "
                              f"(local time) or 2026-12-01T17:00+01:00") from None
     return when if when.tzinfo is not None else when.astimezone()
 
@@ -91,4 +88,5 @@ class LatePolicy:
 
 
 def score(points_passed, manual, factor):
-    return round((points_passed + manual) * factor, 2)
+    """Never below zero: manual points can take away what was earned, not more."""
+    return round(max(0.0, (points_passed + manual) * factor), 2)

@@ -86,7 +86,11 @@ def _moodle(path, totals, lessons, titles):
                         + [f"{titles[l]} (Real)" for l, _ in lessons])
         for line in totals:
             s = line["_student"]
-            first, _, last = (s.name or s.id).rpartition(" ")  # "Jane van Dam" -> "Jane van", "Dam"
+            name = s.name or s.id
+            if ", " in name:  # Canvas's sortable form: "Dam, Jane van"
+                last, _, first = name.partition(", ")
+            else:
+                first, _, last = name.rpartition(" ")  # "Jane van Dam" -> "Jane van", "Dam"
             writer.writerow([first, last, s.id, s.email] + [line.get(l, "") for l, _ in lessons])
 
 

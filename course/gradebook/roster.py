@@ -21,7 +21,6 @@ assignment); otherwise the file's own modification time is used. Moodle's partic
 download names carry, is on its Participants page (the id= in each person's link).
 """
 
-import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,37 +53,34 @@ class Student:
 
 def read_roster(path):
     """[Student] of a roster CSV; a clear error for a roster without an id column or with an id twice."""
-    try:
-        f = open(path, newline="", encoding="utf-8-sig")  # utf-8-sig: spreadsheets write a BOM
-    except OSError as err:
-        raise SystemExit(f"cannot read the roster {path}: {err.strerror or err}") from None
-    with f:
-        reader = csv.DictReader(f)
-        header = {name.strip().lower(): name for name in reader.fieldnames or ()}
-        found = {key: next((header[c] for c in choices if c in header), None) for key, choices in COLUMNS.items()}
-        if "sis user id" in header and "id" in header and found["lms_id"] is None:
-            found["lms_id"] = header["id"]  # Canvas's export: ID is the Canvas user id
-        if found["id"] is None:
-            raise SystemExit(f"{path}: a roster needs a column of student ids (one of: "
-                             f"{', '.join(COLUMNS['id'])}); its columns are {', '.join(reader.fieldnames or ())}")
-        first, last = header.get("first name"), header.get("last name")
-        used = set(found.values()) | {first, last}
-        unused = [name for low, name in header.items() if name not in used and low not in IGNORED]
-        if unused:
-            print(f"{path}: not using the column{'s' if len(unused) > 1 else ''} {', '.join(unused)} "
-                  f"(the roster's columns are: {', '.join(COLUMNS)})")
-        students, seen = [], set()
-        for n, row in enumerate(reader, 2):
-            values = {key: (row.get(column) or "").strip() if column else "" for key, column in found.items()}
-            if not values["name"] and (first or last):  # Moodle's export: First name, Last name
-                values["name"] = " ".join(filter(None, [(row.get(first) or "").strip() if first else "",
-                                                        (row.get(last) or "").strip() if last else ""]))
-            if not values["id"] or values["name"].strip().lower() == "points possible":
-                continue  # a blank line, or a Canvas export's "Points Possible" row
-            if values["id"] in seen:
-                raise SystemExit(f"{path}, line {n}: the student id {values['id']!r} is on the roster twice")
-            seen.add(values["id"])
-            students.append(Student(**values))
+    from .files import read_csv
+
+    reader = read_csv(path, "roster")
+    header = {name.strip().lower(): name for name in reader.fieldnames or ()}
+    found = {key: next((header[c] for c in choices if c in header), None) for key, choices in COLUMNS.items()}
+    if "sis user id" in header and "id" in header and found["lms_id"] is None:
+        found["lms_id"] = header["id"]  # Canvas's export: ID is the Canvas user id
+    if found["id"] is None:
+        raise SystemExit(f"{path}: a roster needs a column of student ids (one of: "
+                         f"{', '.join(COLUMNS['id'])}); its columns are {', '.join(reader.fieldnames or ())}")
+    first, last = header.get("first name"), header.get("last name")
+    used = set(found.values()) | {first, last}
+    unused = [name for low, name in header.items() if name not in used and low not in IGNORED]
+    if unused:
+        print(f"{path}: not using the column{'s' if len(unused) > 1 else ''} {', '.join(unused)} "
+              f"(the roster's columns are: {', '.join(COLUMNS)})")
+    students, seen = [], set()
+    for n, row in enumerate(reader, 2):
+        values = {key: (row.get(column) or "").strip() if column else "" for key, column in found.items()}
+        if not values["name"] and (first or last):  # Moodle's export: First name, Last name
+            values["name"] = " ".join(filter(None, [(row.get(first) or "").strip() if first else "",
+                                                    (row.get(last) or "").strip() if last else ""]))
+        if not values["id"] or values["name"].strip().lower() == "points possible":
+            continue  # a blank line, or a Canvas export's "Points Possible" row
+        if values["id"] in seen:
+            raise SystemExit(f"{path}, line {n}: the student id {values['id']!r} is on the roster twice")
+        seen.add(values["id"])
+        students.append(Student(**values))
     return students
 
 
