@@ -13,6 +13,7 @@
 """
 
 import argparse
+from pathlib import Path
 
 from . import _quick_nbformat  # noqa: F401  (before anything imports nbformat)
 
@@ -133,6 +134,9 @@ their changes, when it is there already) and the lesson opened.""")
             rows = build(records, args.out, **options)
         if kept and rows is not None:
             print(kept)
+        if args.command == "grade":  # this run's inputs, not the records kept from an earlier one
+            given = {str(Path(n).resolve()) for n in args.notebooks}
+            records = [r for r in records if r.get("path") in given]
         ungraded = [r["notebook"] for r in records if r.get("ungraded")]
         if ungraded:  # a mistyped pattern must not look like a class of zeros graded with success
             raise SystemExit(f"{len(ungraded)} of {len(records)} inputs could not be graded (see their status in "

@@ -88,10 +88,10 @@ def grade_class(paths, out="grades.csv", shard=None, roster=None, points=None, l
     if files["records"].is_file():  # a second run (a late file, one student again): the others stay
         graded = {json.loads(line)["path"] for line in partial.read_text().splitlines() if line.strip()}
         earlier = [json.loads(line) for line in files["records"].read_text().splitlines() if line.strip()]
-        # Kept: the submissions graded then, not graded now, still there (not a folder, a missing file
+        # Kept: the notebooks graded then, not graded now, still there (not a folder, a missing file
         # or a README that a mistyped pattern brought in).
         kept = [json.dumps(r, sort_keys=True) for r in earlier if r.get("path") not in graded
-                and not r.get("ungraded") and Path(r.get("path", "")).is_file()]
+                and Path(r.get("path", "")).suffix == ".ipynb" and Path(r.get("path", "")).is_file()]
         if kept:
             with open(partial, "a", encoding="utf-8") as f:
                 f.writelines(line + "\n" for line in kept)
