@@ -115,6 +115,16 @@ def head_unscaled(x, w_q, w_k, w_v):
     return masked_softmax(q @ k.T, causal_mask(len(x))) @ v
 
 
+def head_row_by_row(x, w_q, w_k, w_v):  # right: each position weighs only the keys up to itself
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    out = np.empty((len(x), v.shape[1]))
+    for t in range(len(x)):
+        scores = k[:t + 1] @ (q[t] / np.sqrt(q.shape[1]))
+        weights = np.exp(scores - scores.max())
+        out[t] = (weights / weights.sum()) @ v[:t + 1]
+    return out
+
+
 def head_unmasked(x, w_q, w_k, w_v):
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     return masked_softmax(q @ k.T / np.sqrt(q.shape[-1]), np.zeros((len(x), len(x)), dtype=bool)) @ v
@@ -328,6 +338,7 @@ ALTERNATIVES = [
     ("4.1.3", lambda ids, pair, new_id: tuple(merge(ids, pair, new_id))),
     ("4.1.3", lambda ids, pair, new_id: np.array(merge(ids, pair, new_id), dtype=np.int64)),
     ("4.1.4", lambda text, merges: tuple(bpe_encode(text, merges))),
+    ("4.2.3", head_row_by_row),
     ("4.2.1", lambda T: causal_mask(T).tolist()),
     ("4.2.2", lambda scores, mask: masked_softmax(scores, mask).astype(np.float32)),
     ("4.2.2", lambda scores, mask: (lambda s: np.exp(s - np.logaddexp.reduce(s, axis=-1, keepdims=True)))(
