@@ -18,15 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository, when the course
 NOTEBOOK_DIRS = ("notebooks", "solutions")
 
 INSTALL_CELL = """\
-# Installs the course where it is missing (Colab, Binder, Kaggle, VS Code, any Jupyter); where it
-# is installed already, this cell does nothing. Offline, COURSE_SOURCE can name a copy: a clone or a wheel.
+# Installs the course on Colab, and wherever it is missing (Binder, Kaggle, VS Code, any Jupyter);
+# elsewhere this cell does nothing. Offline, COURSE_SOURCE can name a copy: a clone or a wheel.
 import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
 
-if importlib.util.find_spec("course") is None:
+if "google.colab" in sys.modules or importlib.util.find_spec("course") is None:
     source = os.environ.get("COURSE_SOURCE") or "{git_url}"
     if os.path.exists(source):  # a clone or a wheel on this machine
         source = pathlib.Path(source).resolve().as_uri()

@@ -54,7 +54,7 @@ def test_every_notebook_starts_with_the_colab_badge_and_install_cell():
         assert notebooks.badge(rel) in first_md.source, f"{rel}: badge missing or pointing elsewhere"
         first_code = next(c for c in nb.cells if c.cell_type == "code")
         assert first_code.source == notebooks.install_source(), f"{rel}: first code cell is not the install cell"
-        assert 'if importlib.util.find_spec("course") is None' in first_code.source
+        assert 'if "google.colab" in sys.modules or importlib.util.find_spec("course") is None' in first_code.source
 
 
 def test_the_readme_lists_every_lesson_with_a_badge():
