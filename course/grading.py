@@ -1294,17 +1294,21 @@ def submission_record(path, job, row, outcomes, said, modified):
 _NAMING = threading.Lock()
 
 
-def _page_name(path, taken):
-    """A file name for a submission's feedback page, never one given out before."""
-    path = Path(path)
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{path.parent.name}__{path.stem}").strip("_") or "submission"
+def page_name(words, taken):
+    """A file name for a feedback page made of `words`, never one given out before (in any case:
+    some file systems do not tell Ada.html from ada.html)."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", "__".join(words)).strip("_") or "feedback"
     with _NAMING:  # submissions are graded in several threads at once
         name, n = f"{base}.html", 1
-        while name in taken:
+        while name.lower() in taken:
             n += 1
             name = f"{base}-{n}.html"
-        taken.add(name)
+        taken.add(name.lower())
     return name
+
+
+def _page_name(path, taken):
+    return page_name((Path(path).parent.name, Path(path).stem), taken)
 
 
 def feedback_html(record, heading=None):

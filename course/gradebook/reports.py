@@ -12,7 +12,6 @@ grade item or to a new one. The columns follow Moodle's own plain-text export.
 """
 
 import csv
-import re
 
 from .. import grading
 
@@ -95,16 +94,8 @@ def _moodle(path, totals, lessons, titles):
 
 
 def _page_names(keys):
-    names, taken = {}, set()
-    for key in keys:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "_", "__".join(key)).strip("_") or "student"
-        name, n = f"{base}.html", 1
-        while name.lower() in taken:
-            n += 1
-            name = f"{base}-{n}.html"
-        taken.add(name.lower())
-        names[key] = name
-    return names
+    taken = set()
+    return {key: grading.page_name(key, taken) for key in keys}
 
 
 def _feedback(folder, rows, totals, lessons, titles):
